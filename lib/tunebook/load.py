@@ -1,0 +1,165 @@
+"""Load an engine with vLLM's own benchmark client (`vllm.benchmarks.serve`), in-process.
+
+Every metric therefore means exactly what `vllm bench serve` means. tunebook only picks the
+arguments, gives each run a fresh dataset seed (a fixed seed lets the prefix cache inflate
+repeated runs), and renames nothing but the throughput keys (units in the name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import random
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+PERCENTILES = "50,90,99"
+PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
+# vLLM's per-request arrays we keep in each run's JSON (they stay out of the table).
+REQUEST_ARRAYS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+                  "errors")
+_RENAME = {
+    "duration": "duration_s",
+    "failed": "failed_requests",
+    "request_throughput": "request_throughput_req_s",
+    "output_throughput": "output_tok_s",
+    "total_token_throughput": "total_tok_s",
+    "max_output_tokens_per_s": "max_output_tok_s",
+}
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    dataset: str  # random | random_prefix | prefix_repetition
+    max_concurrency: int
+    request_rate: float | None  # None = send all at once (inf)
+    input_len: int
+    output_len: int
+    prefix_len: int
+    num_prefixes: int
+    num_prompts: int
+    num_warmups: int
+
+    def as_row(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("num_prefixes")
+        return d
+
+    @property
+    def label(self) -> str:
+        rate = "inf" if self.request_rate is None else f"{self.request_rate:g}"
+        return f"{self.max_concurrency} users, {rate} req/s"
+
+
+def bench_argv(point: LoadPoint, base_url: str, model_name: str, tokenizer: str,
+               seed: int) -> list[str]:
+    """`vllm bench serve` arguments for one load point."""
+    argv = [
+        "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
+        "--model", model_name, "--served-model-name", model_name, "--tokenizer", tokenizer,
+        "--num-prompts", str(point.num_prompts), "--num-warmups", str(point.num_warmups),
+        "--max-concurrency", str(point.max_concurrency),
+        "--request-rate", "inf" if point.request_rate is None else str(point.request_rate),
+        "--seed", str(seed), "--ignore-eos", "--temperature", "0",
+        "--percentile-metrics", PERCENTILE_METRICS, "--metric-percentiles", PERCENTILES,
+        "--save-detailed", "--disable-tqdm",
+    ]
+    if point.dataset in ("random", "random_prefix"):
+        argv += ["--dataset-name", "random", "--random-input-len", str(point.input_len),
+                 "--random-output-len", str(point.output_len),
+                 "--random-prefix-len", str(point.prefix_len)]
+    elif point.dataset == "prefix_repetition":
+        argv += ["--dataset-name", "prefix_repetition",
+                 "--prefix-repetition-prefix-len", str(point.prefix_len),
+                 "--prefix-repetition-suffix-len", str(point.input_len),
+                 "--prefix-repetition-num-prefixes", str(point.num_prefixes),
+                 "--prefix-repetition-output-len", str(point.output_len)]
+    else:
+        raise ValueError(f"unknown dataset {point.dataset!r}")
+    return argv
+
+
+def fresh_seed() -> int:
+    return random.SystemRandom().randrange(1, 2**31 - 1)
+
+
+@contextlib.contextmanager
+def _api_key(key: str | None) -> Iterator[None]:
+    """vLLM's client reads OPENAI_API_KEY; set it only for the call."""
+    old = os.environ.get("OPENAI_API_KEY")
+    if key:
+        os.environ["OPENAI_API_KEY"] = key
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("OPENAI_API_KEY", None)
+        else:
+            os.environ["OPENAI_API_KEY"] = old
+
+
+class LoadError(RuntimeError):
+    pass
+
+
+def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
+              timeout_s: float | None = None) -> tuple[dict[str, Any], str]:
+    """Run vLLM's client in this process; return its result dict and what it printed.
+
+    It runs on a worker thread with its own event loop: `vllm bench serve` calls asyncio.run,
+    which fails inside a Jupyter kernel (a loop is already running there).
+    """
+    import argparse
+    import threading
+
+    from vllm.benchmarks import serve as vbs
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # older layouts
+        FlexibleArgumentParser = argparse.ArgumentParser  # noqa: N806
+    parser = FlexibleArgumentParser()
+    vbs.add_cli_args(parser)
+    args = parser.parse_args(argv)
+    out = io.StringIO()
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["result"] = vbs.main(args)
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            box["error"] = e
+
+    redirect = contextlib.redirect_stdout(out) if quiet else contextlib.nullcontext()
+    with _api_key(api_key), redirect:
+        t = threading.Thread(target=work, name="vllm-bench", daemon=True)
+        t.start()
+        t.join(timeout_s)  # Ctrl-C lands here, in the caller's thread
+    text = out.getvalue().replace(api_key, "***") if api_key else out.getvalue()
+    if t.is_alive():
+        raise LoadError(f"the benchmark did not finish within {timeout_s:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["result"], text
+
+
+def metrics_row(result: dict[str, Any], point: LoadPoint) -> dict[str, Any]:
+    """vLLM's summary metrics under tunebook's column names (see tunebook.schema)."""
+    from tunebook.schema import COLUMN_NAMES
+
+    row: dict[str, Any] = {}
+    for key, value in result.items():
+        name = _RENAME.get(key, key)
+        if name in COLUMN_NAMES and not isinstance(value, list | dict):
+            row[name] = value.item() if hasattr(value, "item") else value
+    out_tok_s = row.get("output_tok_s")
+    if out_tok_s is not None and point.max_concurrency:
+        row["output_tok_s_per_user"] = out_tok_s / point.max_concurrency
+    return {k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def request_arrays(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: result[k] for k in REQUEST_ARRAYS if k in result}

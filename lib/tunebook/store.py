@@ -1,0 +1,171 @@
+"""Results on disk: one immutable JSON file per run attempt, a Parquet table derived from them.
+
+Layout of `outputs/<experiment>/`::
+
+    runs/<run_id>__<utc stamp>.json   one attempt of one run; written once, never overwritten
+    engines/<engine_config_id>__<utc stamp>.log   the whole engine log of each start
+    results.parquet                  rebuilt from runs/ (derived: safe to delete)
+    params.yaml, plan.json           what was asked for
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tunebook import schema
+
+RUNS = "runs"
+ENGINES = "engines"
+TABLE = "results.parquet"
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def stamp() -> str:
+    """A filename-safe UTC timestamp that sorts in time order."""
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return None
+    if hasattr(x, "item"):  # numpy scalars
+        return x.item()
+    if isinstance(x, Path):
+        return str(x)
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def write_new(path: Path, data: bytes) -> Path:
+    """Write `data` to `path` atomically; refuse to replace an existing file.
+
+    Written to a temp file in the same folder, fsynced, then hard-linked into place:
+    a crash leaves either no file or a complete one, and `link` fails if `path` exists.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
+    return path
+
+
+def replace_atomic(path: Path, data: bytes) -> Path:
+    """For derived files (the Parquet table, indexes): write then rename over."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+class Store:
+    """One experiment's folder."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / RUNS
+
+    def engine_log_path(self, engine_config_id: str) -> Path:
+        return self.root / ENGINES / f"{engine_config_id}__{stamp()}.log"
+
+    def check_writable(self) -> None:
+        """Fail before any engine starts if results could not be saved."""
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        probe = self.runs_dir / f".probe-{os.getpid()}"
+        try:
+            probe.write_bytes(b"x" * 65536)  # a full disk fails here, not after an hour
+            os.fsync(os.open(probe, os.O_RDONLY))
+        except OSError as e:
+            raise OSError(f"cannot write results to {self.runs_dir}: {e.strerror or e}") from e
+        finally:
+            probe.unlink(missing_ok=True)
+
+    def save_run(self, record: dict[str, Any]) -> Path:
+        """Save one run attempt. `record` = {'row': {...}, 'requests': {...}, ...}."""
+        row = record["row"]
+        assert row.get("run_id"), "a run record needs row.run_id"
+        row.setdefault("schema_version", schema.SCHEMA_VERSION)
+        data = json.dumps(record, default=_json_default, allow_nan=False, indent=1).encode()
+        return write_new(self.runs_dir / f"{row['run_id']}__{stamp()}.json", data)
+
+    def records(self) -> Iterable[dict[str, Any]]:
+        """Every attempt on disk, oldest first. Unreadable files are skipped, not fatal."""
+        if not self.runs_dir.is_dir():
+            return
+        for p in sorted(self.runs_dir.glob("*.json")):
+            try:
+                yield json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue  # a half-written file can only be a temp file; those are .tmp
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [r["row"] for r in self.records() if isinstance(r, dict) and "row" in r]
+
+    def finished_run_ids(self) -> set[str]:
+        """Runs with an `ok` attempt: resume skips these."""
+        return {r["run_id"] for r in self.rows() if r.get("status") == schema.STATUS_OK}
+
+    def table(self, latest_only: bool = True) -> pd.DataFrame:
+        """All rows as a typed DataFrame (schema columns first, then engine knobs)."""
+        return rows_to_frame(self.rows(), latest_only=latest_only)
+
+    def rebuild_table(self) -> Path:
+        df = self.table(latest_only=False)
+        path = self.root / TABLE
+        return replace_atomic(path, df.to_parquet(index=False))
+
+
+def rows_to_frame(rows: list[dict[str, Any]], latest_only: bool = True) -> pd.DataFrame:
+    df = pd.DataFrame(rows)
+    for col in schema.COLUMNS:
+        if col.name not in df.columns:
+            df[col.name] = pd.Series([None] * len(df), dtype="object")
+        df[col.name] = _as_dtype(df[col.name], col.dtype)
+    extra = [c for c in df.columns if c not in schema.COLUMN_NAMES]
+    for c in extra:  # engine knobs: keep scalars, serialise dicts for Parquet
+        if df[c].map(lambda v: isinstance(v, dict | list)).any():
+            df[c] = df[c].map(lambda v: json.dumps(v, sort_keys=True) if v is not None else None)
+    df = df[list(schema.COLUMN_NAMES) + sorted(extra)]
+    if latest_only and len(df):
+        # An ok attempt wins over later failures of the same run; else the latest attempt.
+        order = df["status"].eq(schema.STATUS_OK).astype(int)
+        df = (df.assign(_ok=order).sort_values(["_ok", "finished_at"])
+                .drop_duplicates("run_id", keep="last").drop(columns="_ok"))
+        df = df.sort_values(["engine_config_id", "max_concurrency", "request_rate", "repeat",
+                             "run_id"],
+                            na_position="last")
+    return df.reset_index(drop=True)
+
+
+def _as_dtype(s: pd.Series, dtype: str) -> pd.Series:
+    if dtype == "string":
+        return s.map(lambda v: None if v is None or (isinstance(v, float) and math.isnan(v))
+                     else str(v)).astype("string")
+    if dtype == "Int64":
+        return pd.to_numeric(s, errors="coerce").round().astype("Int64")
+    if dtype == "float64":
+        return pd.to_numeric(s, errors="coerce").astype("float64")
+    return s.astype(dtype)

@@ -1,0 +1,267 @@
+"""Orchestration: for each engine config, start one engine, run its load points, save each.
+
+Guarantees (see README "When things go wrong"):
+- every attempted run leaves one JSON file, written atomically, never overwritten;
+- an engine config that cannot start becomes recorded `engine_failed` rows with the log line
+  that explains it, and the sweep goes on;
+- Ctrl-C / SIGTERM mark the run in flight `interrupted`, stop the engine, then propagate;
+- resume = run the same params again: runs with an `ok` attempt are skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tunebook import hardware, schema
+from tunebook.engine import Engine, EngineStartError
+from tunebook.load import bench_argv, fresh_seed, metrics_row, request_arrays, run_bench
+from tunebook.models import ModelRef, resolve_model
+from tunebook.params import SweepParams
+from tunebook.plan import EngineConfig, Plan, PlannedRun, make_plan
+from tunebook.store import Store, replace_atomic, stamp, utc_now, write_new
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_OUTPUTS = REPO / "outputs"
+
+
+class Terminated(BaseException):
+    """SIGTERM, turned into an exception so `finally` blocks stop the engine."""
+
+
+class SweepLockedError(RuntimeError):
+    pass
+
+
+@dataclass
+class SweepResult:
+    store: Store
+    plan: Plan
+    ok: int = 0
+    failed: int = 0
+    skipped: int = 0
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.failed == 0 else 1
+
+
+@contextlib.contextmanager
+def experiment_lock(root: Path) -> Iterator[None]:
+    """One sweep per experiment folder at a time (flock: released if the process dies)."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+            raise SweepLockedError(f"experiment {root.name} is being run by pid {holder}; "
+                                   "wait for it or pick another experiment name") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def sigterm_as_exception() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _progress(total: int, desc: str, enabled: bool):  # -> tqdm
+    if os.environ.get("TUNEBOOK_BATCH") or not sys.stderr.isatty() and "ipykernel" not in sys.modules:
+        from tqdm import tqdm  # plain text: logs and papermill outputs stay readable
+    else:
+        from tqdm.auto import tqdm  # a widget bar in JupyterLab
+    return tqdm(total=total, desc=desc, disable=not enabled, leave=True, mininterval=1.0)
+
+
+class Sweep:
+    """Runs a plan into a store. `on_result(row)` is called after each saved run."""
+
+    def __init__(self, params: SweepParams, outputs: Path | str = DEFAULT_OUTPUTS,
+                 progress: bool = True, on_result: Callable[[dict], None] | None = None,
+                 retry_failed: bool = True):
+        self.params = params
+        self.plan = make_plan(params)
+        self.store = Store(Path(outputs) / params.experiment)
+        self.progress = progress
+        self.on_result = on_result
+        self.retry_failed = retry_failed
+
+    # -- what would run -------------------------------------------------------------------
+    def done(self) -> set[str]:
+        if self.retry_failed:
+            return self.store.finished_run_ids()
+        return {r["run_id"] for r in self.store.rows()}
+
+    def describe(self) -> str:
+        return self.plan.describe(self.done())
+
+    # -- running ----------------------------------------------------------------------------
+    def run(self) -> SweepResult:
+        model = resolve_model(self.params.model)  # a bad model fails before any engine
+        self.store.check_writable()
+        with experiment_lock(self.store.root), sigterm_as_exception():
+            self._record_inputs()
+            return self._run(model)
+
+    def _record_inputs(self) -> None:
+        s = stamp()
+        params_text = yaml.safe_dump(self.params.to_dict(), sort_keys=False)
+        write_new(self.store.root / "inputs" / f"params__{s}.yaml", params_text.encode())
+        import json
+
+        replace_atomic(self.store.root / "plan.json",
+                       json.dumps(self.plan.to_dict(), indent=1, default=str).encode())
+
+    def _run(self, model: ModelRef) -> SweepResult:
+        done = self.done()
+        todo = [r for r in self.plan.runs if r.run_id not in done]
+        result = SweepResult(self.store, self.plan, skipped=len(self.plan.runs) - len(todo))
+        bar = _progress(len(todo), f"{self.params.experiment}", self.progress)
+        try:
+            for engine_cfg in self.plan.engines:
+                runs = [r for r in todo if r.engine.id == engine_cfg.id]
+                if runs:
+                    self._run_engine(engine_cfg, runs, model, result, bar)
+        finally:
+            bar.close()
+            self.store.rebuild_table()
+        return result
+
+    def _run_engine(self, cfg: EngineConfig, runs: list[PlannedRun], model: ModelRef,
+                    result: SweepResult, bar: Any) -> None:
+        pending = list(runs)
+        while pending:
+            engine = Engine(model, cfg.knobs, cfg.env, self.store.engine_log_path(cfg.id),
+                            startup_timeout_s=self.params.startup_timeout_s)
+            bar.set_description(f"[{cfg.label}] starting engine")
+            try:
+                engine.start(on_phase=lambda ph, t: bar.set_description(
+                    f"[{cfg.label}] engine: {ph} ({t:.0f}s)"))
+            except EngineStartError as e:
+                for run in pending:
+                    self._save(run, model, engine, result, status=schema.STATUS_ENGINE_FAILED,
+                               error=e.diagnosis.error, error_line=e.diagnosis.line,
+                               error_hint=e.diagnosis.hint, extra={"log_tail": e.log_tail})
+                    bar.update(1)
+                return
+            try:
+                while pending:
+                    run = pending[0]
+                    bar.set_description(f"[{cfg.label}] {run.point.label}")
+                    self._one(run, model, engine, result)
+                    pending.pop(0)
+                    bar.update(1)
+                    if not engine.alive():
+                        break  # the engine died: start a fresh one for what is left
+            finally:
+                engine.stop()
+
+    def _one(self, run: PlannedRun, model: ModelRef, engine: Engine,
+             result: SweepResult) -> None:
+        seed = fresh_seed()
+        argv = bench_argv(run.point, engine.base_url, "tunebook-model", model.tokenizer, seed)
+        started = utc_now()
+        try:
+            res, printed = run_bench(argv, api_key=engine.api_key,
+                                     timeout_s=self.params.run_timeout_s)
+        except (KeyboardInterrupt, Terminated) as e:
+            self._save(run, model, engine, result, status=schema.STATUS_INTERRUPTED,
+                       started=started, seed=seed, error=f"interrupted ({type(e).__name__})")
+            raise
+        except Exception as e:  # noqa: BLE001 - any client failure is recorded, not fatal
+            status = schema.STATUS_FAILED if engine.alive() else schema.STATUS_INTERRUPTED
+            why = "" if engine.alive() else f" (engine exited, code {engine.proc.returncode})"
+            self._save(run, model, engine, result, status=status, started=started, seed=seed,
+                       error=f"{type(e).__name__}: {e}{why}"[:500],
+                       extra={"engine_log_tail": engine.log_tail()})
+            return
+        metrics = metrics_row(res, run.point)
+        status = schema.STATUS_OK
+        error = None
+        if not engine.alive():
+            status, error = schema.STATUS_INTERRUPTED, "engine exited during the run"
+        elif not metrics.get("completed"):
+            status, error = schema.STATUS_FAILED, _first_error(res) or "no request completed"
+        elif metrics.get("failed_requests"):
+            error = f"{metrics['failed_requests']} request(s) failed: {_first_error(res)}"[:500]
+        self._save(run, model, engine, result, status=status, started=started, seed=seed,
+                   metrics=metrics, error=error,
+                   extra={"requests": request_arrays(res), "bench_output": printed[-4000:]})
+
+    def _save(self, run: PlannedRun, model: ModelRef, engine: Engine, result: SweepResult, *,
+              status: str, started: str | None = None, seed: int | None = None,
+              metrics: dict | None = None, error: str | None = None,
+              error_line: str | None = None, error_hint: str | None = None,
+              extra: dict | None = None) -> None:
+        facts = engine.facts.as_row() if engine.facts else {}
+        row: dict[str, Any] = {
+            "schema_version": schema.SCHEMA_VERSION, "run_id": run.run_id,
+            "experiment": self.params.experiment, "status": status,
+            "engine_config_id": run.engine.id, "engine_label": run.engine.label,
+            "repeat": run.repeat, "started_at": started or utc_now(), "finished_at": utc_now(),
+            "model": self.params.model, "load_format": model.load_format,
+            **run.point.as_row(), "seed": seed,
+            **(metrics or {}), **facts, "startup_s": engine.startup_s,
+            "error": error, "error_line": error_line, "error_hint": error_hint,
+            **hardware.machine(),
+            **run.engine.knobs,
+        }
+        record = {
+            "row": row,
+            "engine": {
+                "argv": engine.argv[1:],  # no secrets in argv: the key is in the environment
+                "env": run.engine.env,
+                "log": os.path.relpath(engine.log_path, self.store.root),
+                "process_tree": engine.process_tree,
+            },
+            "params_source": self.params.source,
+            **(extra or {}),
+        }
+        self.store.save_run(record)
+        result.rows.append(row)
+        if status == schema.STATUS_OK:
+            result.ok += 1
+        else:
+            result.failed += 1
+        if self.on_result:
+            self.on_result(row)
+
+
+def _first_error(res: dict) -> str | None:
+    return next((e for e in res.get("errors", []) if e), None)
+
+
+def run(params: SweepParams, outputs: Path | str = DEFAULT_OUTPUTS, **kw: Any) -> SweepResult:
+    return Sweep(params, outputs, **kw).run()
+
+
+def wait_seconds(t0: float) -> float:
+    return time.monotonic() - t0

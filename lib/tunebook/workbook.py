@@ -1,0 +1,81 @@
+"""What notebooks call: one object per notebook run, so cells stay one line of narrative each.
+
+    wb = workbook.open(params_file, overrides, outputs)   # validates before anything starts
+    wb.plan()          # the dry run, as text
+    wb.run()           # the sweep (resumes; skips finished runs)
+    wb.table()         # results as a DataFrame (latest attempt per run)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tunebook import params as P
+from tunebook import report, schema
+from tunebook.sweep import Sweep, SweepResult
+
+FACT_COLUMNS = ["engine_label", "vllm_version", "model_runner", "attention_backend",
+                "weights_gib", "kv_cache_gib", "kv_pool_tokens", "max_concurrency_x",
+                "startup_s", "hardware"]
+
+
+@dataclass
+class Workbook:
+    params: P.SweepParams
+    sweep: Sweep
+    dry_run: bool = False
+    result: SweepResult | None = None
+
+    def plan(self) -> str:
+        return self.sweep.describe()
+
+    def run(self) -> SweepResult | None:
+        """Run (or resume) the sweep. In a dry run, print the plan and start nothing."""
+        if self.dry_run:
+            print("dry run: nothing started\n" + self.plan())
+            return None
+        self.result = self.sweep.run()
+        r = self.result
+        print(f"{r.ok} run(s) ok, {r.failed} not ok, {r.skipped} already done "
+              f"→ {self.sweep.store.root}")
+        return r
+
+    def table(self) -> pd.DataFrame:
+        return self.sweep.store.table()
+
+    def ok(self) -> pd.DataFrame:
+        df = self.table()
+        return df[df["status"] == schema.STATUS_OK]
+
+    def startup_facts(self) -> pd.DataFrame:
+        """Fig 1.1: one row per engine config that started."""
+        df = self.ok()
+        if df.empty:
+            return pd.DataFrame(columns=FACT_COLUMNS)
+        return df.drop_duplicates("engine_config_id")[FACT_COLUMNS].reset_index(drop=True)
+
+    def failures(self) -> pd.DataFrame:
+        """Every run that is not ok, with the line that explains it and what to change."""
+        df = self.table()
+        cols = ["engine_label", "max_concurrency", "status", "error", "error_line", "error_hint"]
+        return df[df["status"] != schema.STATUS_OK][cols].reset_index(drop=True)
+
+    def summary(self) -> pd.DataFrame:
+        """The headline numbers per engine config and load point."""
+        cols = ["engine_label", "max_concurrency", "request_rate", "output_tok_s",
+                "output_tok_s_per_user", "median_ttft_ms", "median_tpot_ms", "p99_itl_ms",
+                "completed", "failed_requests"]
+        return self.ok()[cols].reset_index(drop=True)
+
+
+def open(params_file: str | Path, overrides: dict[str, Any] | None = None,  # noqa: A001
+         outputs: str | Path = "../outputs", dry_run: bool = False,
+         progress: bool = True) -> Workbook:
+    params = P.load(params_file, overrides or {})
+    report.enable_offline_charts()
+    sweep = Sweep(params, Path(outputs).resolve(), progress=progress)
+    return Workbook(params, sweep, dry_run=dry_run)

