@@ -9,6 +9,7 @@ import re
 import altair as alt
 import pandas as pd
 import pytest
+
 from tunebook import charts, schema
 
 USERS = (1, 2, 4, 8)

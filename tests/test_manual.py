@@ -6,6 +6,7 @@ import math
 import re
 
 import pytest
+
 from tunebook import manual
 from tunebook.manual import EDITION, FIGURES, NOT_MEASUREMENTS, reference_frame
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from transformers import AutoConfig, AutoTokenizer
+
 from tunebook.models import (
     KV_LAYOUT_NOTE,
     PRESETS,

@@ -140,9 +140,10 @@ class _PidFile:
 
 def _group_members(pgid: int) -> list[psutil.Process]:
     out = []
-    for p in psutil.process_iter(["pid"]):
+    for p in psutil.process_iter(["pid", "status"]):
         try:
-            if os.getpgid(p.pid) == pgid:
+            # A zombie has exited; it only waits for its parent (maybe us) to reap it.
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
                 out.append(p)
         except (ProcessLookupError, psutil.Error, OSError):
             continue

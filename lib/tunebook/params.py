@@ -210,7 +210,8 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
         v.err("model", "must not be empty")
     notebook = v.get(data, "notebook", str, default="00_quickstart")
     if isinstance(notebook, str) and not re.fullmatch(r"[A-Za-z0-9_-]+", notebook):
-        v.err("notebook", f"must be a notebook name under notebooks/ without .ipynb; got {notebook!r}")
+        v.err("notebook", "must be a notebook name under notebooks/ without .ipynb; "
+                          f"got {notebook!r}")
     description = v.get(data, "description", str, default="")
 
     engine = v.get(data, "engine", dict, default={})

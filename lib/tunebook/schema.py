@@ -74,7 +74,8 @@ COLUMNS: tuple[Column, ...] = (
         for stat in ("mean", "median", "std", "p50", "p90", "p99")
     ),
     _C("output_tok_s_per_user", "float64", "output_tok_s / max_concurrency (per-user share)"),
-    _C("spec_decode_acceptance_rate", "float64", "drafts accepted / proposed (meaningless on dummy weights)"),
+    _C("spec_decode_acceptance_rate", "float64",
+       "drafts accepted / proposed (meaningless with dummy weights)"),
     _C("spec_decode_acceptance_length", "float64", "mean tokens per target pass"),
     # --- engine start-up facts (Fig 1.1), parsed from the engine log ---------------------
     _C("vllm_version", "string", "vLLM version the engine reported"),
@@ -90,7 +91,7 @@ COLUMNS: tuple[Column, ...] = (
     _C("error_line", "string", "the engine log line that explains it"),
     _C("error_hint", "string", "which setting to change, and a value that would work"),
     # --- where it ran ---------------------------------------------------------------------
-    _C("hardware", "string", "short machine label, e.g. 'NVIDIA H200' or 'CPU: AMD EPYC (2 cores)'"),
+    _C("hardware", "string", "machine label, e.g. 'NVIDIA H200' or 'CPU: AMD EPYC (2 cores)'"),
     _C("gpu_name", "string", "GPU model, <NA> on CPU"),
     _C("gpu_driver", "string", "NVIDIA driver version"),
     _C("gpu_memory_gib", "float64", "GPU memory, GiB"),

@@ -132,9 +132,10 @@ def diagnose(log: str, knobs: dict | None = None, *, timed_out: bool = False,
                          "max_model_len", value)
     if line := last(r"No available memory for the cache blocks"):
         gmu = knobs.get("gpu_memory_utilization")
+        now = gmu if gmu is not None else "default"
         value = round(min(0.95, (gmu or 0.5) + 0.1), 2)
         return Diagnosis("no memory left for the KV cache after weights and activations", line,
-                         f"raise gpu_memory_utilization (now {gmu if gmu is not None else 'default'})"
+                         f"raise gpu_memory_utilization (now {now})"
                          f" to {value} or more, or load smaller weights (quantization: fp8)",
                          "gpu_memory_utilization", value)
     if line := last(r"Available memory on node .* less than requested memory for kv"):

@@ -93,12 +93,31 @@ def sigterm_as_exception() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+def _batch() -> bool:
+    """Unattended (papermill, cron, a pipe): text progress that does not flood the output."""
+    return bool(os.environ.get("TUNEBOOK_BATCH")) or (
+        not sys.stderr.isatty() and "ipykernel" not in sys.modules)
+
+
 def _progress(total: int, desc: str, enabled: bool):  # -> tqdm
-    if os.environ.get("TUNEBOOK_BATCH") or not sys.stderr.isatty() and "ipykernel" not in sys.modules:
-        from tqdm import tqdm  # plain text: logs and papermill outputs stay readable
-    else:
-        from tqdm.auto import tqdm  # a widget bar in JupyterLab
-    return tqdm(total=total, desc=desc, disable=not enabled, leave=True, mininterval=1.0)
+    if _batch():
+        from tqdm import tqdm  # plain text, at most one line every 30 s
+        return tqdm(total=total, desc=desc, disable=not enabled, mininterval=30.0)
+    from tqdm.auto import tqdm  # a widget bar in JupyterLab, a live bar in a terminal
+    return tqdm(total=total, desc=desc, disable=not enabled, mininterval=0.5)
+
+
+def _phase_reporter(bar: Any, label: str) -> Callable[[str, float], None]:
+    """Engine start phases into the bar; in batch mode only when the phase changes."""
+    last = {"phase": ""}
+
+    def report(phase: str, elapsed_s: float) -> None:
+        if _batch() and phase == last["phase"]:
+            return
+        last["phase"] = phase
+        bar.set_description(f"[{label}] engine: {phase} ({elapsed_s:.0f}s)")
+
+    return report
 
 
 class Sweep:
@@ -163,8 +182,7 @@ class Sweep:
                             startup_timeout_s=self.params.startup_timeout_s)
             bar.set_description(f"[{cfg.label}] starting engine")
             try:
-                engine.start(on_phase=lambda ph, t: bar.set_description(
-                    f"[{cfg.label}] engine: {ph} ({t:.0f}s)"))
+                engine.start(on_phase=_phase_reporter(bar, cfg.label))
             except EngineStartError as e:
                 for run in pending:
                     self._save(run, model, engine, result, status=schema.STATUS_ENGINE_FAILED,
