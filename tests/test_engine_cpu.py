@@ -81,7 +81,8 @@ def test_notebook_rendered_offline(quickstart: Path) -> None:
     params = report.notebook_parameters(ipynb)
     assert params["overrides"] == {"load.users": [1, 2], "load.prompts_per_user": 2}
     html = (quickstart / "report.html").read_text()
-    assert "<svg" in html and report.external_resources(html) == []
+    assert "data:image/svg+xml;base64," in html  # every chart as an embedded SVG
+    assert report.external_resources(html) == []
     assert "Fig 1.3" in html and "reference" in html
 
 

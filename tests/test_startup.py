@@ -60,3 +60,21 @@ def test_diagnose_timeout_and_exit() -> None:
     assert "ready in time" in diagnose("loading...", timed_out=True).error
     d = diagnose("Traceback\nRuntimeError: boom\n", exit_code=1)
     assert "exit code 1" in d.error and d.line == "RuntimeError: boom"
+
+
+def test_vllm_026_h200_log() -> None:
+    """Captured on the lent H200 (outputs/h200/quickstart), Qwen3-8B shape, dummy weights."""
+    f = parse_startup((LOGS / "vllm-0.26.0-h200-qwen3-8b.log").read_text())
+    assert f.vllm_version == "0.26.0"
+    assert f.model_runner == "V2"
+    assert f.attention_backend == "FLASH_ATTN"
+    assert f.weights_gib == 15.27
+    assert f.kv_cache_gib == 111.84
+    assert f.kv_pool_tokens == 814_368
+    assert f.max_concurrency_x == 99.41
+
+
+def test_v1_runner_wording_on_gpu() -> None:
+    # vLLM 0.26's V1 runner (e.g. n-gram speculation) says "GiB memory and"; V2 says "GiB and".
+    assert parse_startup("Model loading took 15.27 GiB memory and 3.1 seconds").model_runner == "V1"
+    assert parse_startup("Model loading took 15.27 GiB and 2.1 seconds").model_runner is None

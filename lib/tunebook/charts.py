@@ -19,7 +19,6 @@ from pathlib import Path
 
 import altair as alt
 import pandas as pd
-import vl_convert as vlc
 
 from tunebook import schema
 from tunebook.manual import SOURCE, figure, reference_frame
@@ -394,10 +393,16 @@ def startup_table(df: pd.DataFrame) -> alt.Chart:
 
 
 # --- export -------------------------------------------------------------------------------
+def _vlc():  # imported when exporting: a machine without vl-convert can still draw charts
+    import vl_convert
+
+    return vl_convert
+
+
 _EXPORTERS = {
-    "png": lambda spec: vlc.vegalite_to_png(spec, _VL_VERSION, scale=2),
-    "svg": lambda spec: vlc.vegalite_to_svg(spec, _VL_VERSION).encode("utf-8"),
-    "pdf": lambda spec: vlc.vegalite_to_pdf(spec, _VL_VERSION),
+    "png": lambda spec: _vlc().vegalite_to_png(spec, _VL_VERSION, scale=2),
+    "svg": lambda spec: _vlc().vegalite_to_svg(spec, _VL_VERSION).encode("utf-8"),
+    "pdf": lambda spec: _vlc().vegalite_to_pdf(spec, _VL_VERSION),
 }
 
 

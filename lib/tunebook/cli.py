@@ -28,10 +28,29 @@ def _load(args: argparse.Namespace) -> P.SweepParams:
     return P.load(args.params, _overrides(args.param))
 
 
+def preflight(path: Path, overrides: dict[str, Any] | None = None) -> P.SweepParams:
+    """Every check that needs no engine and writes nothing: the params, then the model.
+
+    A model that cannot be resolved is bad input like any other: a ParamsError naming the
+    file and the key `model`. Presets always resolve; building one is left to the real run
+    (it writes a cache folder), so a dry run stays free of side effects.
+    """
+    from tunebook.models import PRESETS, ModelNotFoundError, resolve_model
+
+    params = P.load(path, overrides)
+    if params.model not in PRESETS:
+        try:
+            resolve_model(params.model)
+        except ModelNotFoundError as e:
+            raise P.ParamsError(params.source, [("model", str(e))]) from None
+    return params
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from tunebook.sweep import DEFAULT_OUTPUTS, Sweep
 
-    sweep = Sweep(_load(args), args.outputs or DEFAULT_OUTPUTS, progress=False)
+    sweep = Sweep(preflight(args.params, _overrides(args.param)),
+                  args.outputs or DEFAULT_OUTPUTS, progress=False)
     print(sweep.describe())
     return EXIT_OK
 
@@ -42,13 +61,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tunebook.models import resolve_model
     from tunebook.sweep import DEFAULT_OUTPUTS, Sweep
 
-    params = _load(args)
+    params = preflight(args.params, _overrides(args.param))
     outputs = (args.outputs or DEFAULT_OUTPUTS).resolve()
     sweep = Sweep(params, outputs, progress=False)
     if args.dry_run:
         print(sweep.describe())
         return EXIT_OK
-    resolve_model(params.model)  # fail before papermill starts a kernel
+    resolve_model(params.model)  # builds a preset's folder before papermill starts a kernel
     sweep.store.check_writable()
     ipynb = report.execute(params.notebook, sweep.store.root, {
         "params_file": str(args.params.resolve()),

@@ -77,9 +77,13 @@ def free_port() -> int:
 
 
 def port_is_free(port: int) -> bool:
+    """Could a new server listen on this port? (SO_REUSEADDR, as uvicorn sets: connections
+    left in TIME_WAIT by the last server do not count as taken.)"""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((HOST, port))
+            s.listen(1)
         except OSError:
             return False
         return True

@@ -15,6 +15,9 @@ Layout of a params file (see params/quickstart.yaml for a commented example)::
     engine_env: {VLLM_CPU_KVCACHE_SPACE: 1}
     load: {dataset: random, users: [1, 2, 4, 8], input_len: 128, output_len: 32}
     repeats: 1
+
+`load` reads files with `StrictLoader`: plain YAML values only, no duplicate keys, and limits
+on size, nesting and alias expansion, so a mistaken or hostile file fails in milliseconds.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import difflib
 import itertools
 import math
 import re
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +36,12 @@ import yaml
 # The largest plan we accept without `max_runs` being raised explicitly: a typo such as
 # users: [1..1000000] should fail here, not after a week of benchmarking.
 DEFAULT_MAX_RUNS = 500
+
+# A params file is a few KiB; these limits stop runaway or hostile files before they cost time.
+MAX_FILE_BYTES = 64 * 1024
+MAX_NESTING = 20  # YAML levels; real params use at most 6
+MAX_VALUES = 100_000  # values once YAML aliases are expanded (the "billion laughs" guard)
+MAX_PROBLEMS = 20  # problems listed in one ParamsError; the rest are counted
 
 EXPERIMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^VLLM_[A-Z0-9_]+$")
@@ -46,7 +56,7 @@ DATASETS = ("random", "random_prefix", "prefix_repetition")
 
 # knob -> (python type(s), check, what is allowed). Names are vLLM's own.
 _POS_INT = (int, lambda v: v > 0, "a positive integer")
-_FRACTION = ((int, float), lambda v: 0 < v <= 1, "a number in (0, 1]")
+_FRACTION = ((int, float), lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 0.9 for 90%")
 _BOOL = (bool, None, "true or false")
 _DICT = (dict, None, "a mapping")
 ENGINE_KNOBS: dict[str, tuple[Any, Any, str]] = {
@@ -88,7 +98,10 @@ class ParamsError(ValueError):
     def __init__(self, source: str, problems: list[tuple[str, str]]):
         self.source = source
         self.problems = problems
-        lines = [f"{source}: {key}: {msg}" if key else f"{source}: {msg}" for key, msg in problems]
+        lines = [f"{source}: {key}: {msg}" if key else f"{source}: {msg}"
+                 for key, msg in problems[:MAX_PROBLEMS]]
+        if len(problems) > MAX_PROBLEMS:
+            lines.append(f"{source}: ... and {len(problems) - MAX_PROBLEMS} more problems")
         super().__init__("invalid params\n  " + "\n  ".join(lines))
 
 
@@ -148,24 +161,150 @@ class SweepParams:
 # Loading
 
 
+class _LoaderProblems(yaml.YAMLError):
+    """StrictLoader's refusals, as (dotted key, message) pairs for ParamsError."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        super().__init__("; ".join(m for _, m in problems))
+        self.problems = problems
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class StrictLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses what `safe_load` would silently accept.
+
+    - a duplicate mapping key (PyYAML keeps the last value): reported with its dotted path;
+    - nesting deeper than MAX_NESTING levels (the composer would hit Python's recursion limit);
+    - aliases that expand to more than MAX_VALUES values ("billion laughs"), or that refer to
+      themselves. The check walks the composed node graph once, so it costs no more than
+      the file's own size however large the expansion would be.
+    """
+
+    def __init__(self, stream: Any):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_NESTING:
+                line = self.peek_event().start_mark.line + 1
+                raise _LoaderProblems([("", f"YAML is nested more than {MAX_NESTING} levels "
+                                            f"deep (line {line}); params need at most 6")])
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node: Any) -> Any:
+        problems: list[tuple[str, str]] = []
+        self._walk(node, "", set(), {}, problems)
+        if problems:
+            raise _LoaderProblems(problems)
+        return super().construct_document(node)
+
+    def _key(self, node: Any) -> Any:
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                return self.construct_object(node)  # so `1` and `0x1` are the same key
+            except yaml.YAMLError:
+                pass
+        return (node.tag, id(node))
+
+    def _walk(self, node: Any, path: str, stack: set[int], sizes: dict[int, int],
+              problems: list[tuple[str, str]]) -> int:
+        """Number of values `node` expands to; records duplicate keys on the way."""
+        nid = id(node)
+        if nid in stack:
+            raise _LoaderProblems([(path, "a YAML alias refers to a value that contains it "
+                                          "(a recursive structure); params are plain trees")])
+        if nid in sizes:  # an alias: already walked (and checked) where its anchor is
+            return sizes[nid]
+        stack.add(nid)
+        size = 1
+        if isinstance(node, yaml.SequenceNode):
+            for i, child in enumerate(node.value):
+                size += self._walk(child, f"{path}[{i}]", stack, sizes, problems)
+        elif isinstance(node, yaml.MappingNode):
+            first_line: dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                name = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
+                child = f"{path}.{name}" if path else str(name)
+                if key_node.tag != _MERGE_TAG:
+                    key = self._key(key_node)
+                    line = key_node.start_mark.line + 1
+                    if key in first_line:
+                        problems.append((child, f"duplicate key (also on line "
+                                                f"{first_line[key]}): YAML would silently keep "
+                                                "only the last one; keep one"))
+                    else:
+                        first_line[key] = line
+                size += self._walk(key_node, child, stack, sizes, problems)
+                size += self._walk(value_node, child, stack, sizes, problems)
+        stack.discard(nid)
+        sizes[nid] = size
+        if size > MAX_VALUES:
+            where = f" at '{path}'" if path else ""
+            raise _LoaderProblems([("", f"YAML aliases expand to over {MAX_VALUES:,} values"
+                                        f"{where} (an alias bomb?); params need a few hundred")])
+        return size
+
+
 def load(path: str | Path, overrides: dict[str, Any] | None = None) -> SweepParams:
     """Read, override and validate a params file."""
     path = Path(path)
     source = str(path)
+    return parse(_read(path, source), source=source, overrides=overrides)
+
+
+def _read(path: Path, source: str) -> Any:
+    """The file's YAML data; any problem with the file as a whole is a ParamsError."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise ParamsError(source, [("", "file not found")]) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ParamsError(source, [("", f"cannot read: {e}")]) from None
+    except IsADirectoryError:
+        raise ParamsError(source, [("", "is a folder; give a params .yaml file")]) from None
+    except OSError as e:
+        raise ParamsError(source, [("", f"cannot read: {e.strerror or e}")]) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ParamsError(source, [("", f"file is too large (over {MAX_FILE_BYTES // 1024} KiB);"
+                                        " a params file is a few KiB: narrow the sweep")])
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+            what = "is UTF-16 text, not UTF-8"
+        else:
+            line = raw[:e.start].count(b"\n") + 1
+            what = f"is not UTF-8 text (byte 0x{raw[e.start]:02x} on line {line})"
+        raise ParamsError(source, [("", f"{what}; save it as UTF-8")]) from None
+    try:
+        return yaml.load(text, Loader=StrictLoader)  # a SafeLoader: plain values only
+    except _LoaderProblems as e:
+        raise ParamsError(source, e.problems) from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ParamsError(source, [("", f"YAML syntax error at {where}{problem}")]) from None
-    return parse(data, source=source, overrides=overrides)
+        raise ParamsError(source, [("", _yaml_error(e))]) from None
+
+
+def _yaml_error(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context = getattr(e, "context", None) or ""
+    if isinstance(e, yaml.reader.ReaderError):  # control characters: not a text file
+        return (f"YAML syntax error: {str(e).splitlines()[0]} (character {e.position + 1}); "
+                "is this a text file?")
+    if context.startswith("expected a single document"):
+        return (f"YAML syntax error at {where}: a second YAML document ('---'); "
+                "put one sweep per file")
+    if isinstance(e, yaml.constructor.ConstructorError):
+        return (f"YAML tag not allowed at {where}: {problem}; params hold plain values "
+                "(strings, numbers, booleans, lists, mappings)")
+    context = f" ({context})" if context else ""
+    return f"YAML syntax error at {where}: {problem}{context}"
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any], source: str) -> dict:
@@ -186,62 +325,84 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any], source: str
 
 def parse_override(text: str) -> Any:
     """A `-p key value` value: YAML, so `-p load.users [1,2]` gives a list."""
-    return yaml.safe_load(text)
+    return yaml.load(text, Loader=StrictLoader)
 
 
 def parse(data: Any, source: str = "<params>", overrides: dict | None = None) -> SweepParams:
     if data is None:
-        raise ParamsError(source, [("", "file is empty")])
+        raise ParamsError(source, [("", "file is empty: it needs at least experiment and model "
+                                        "(see params/quickstart.yaml)")])
     if not isinstance(data, dict):
-        raise ParamsError(source, [("", f"top level must be a mapping, got {_tname(data)}")])
+        raise ParamsError(source, [("", f"top level must be a mapping of keys (experiment: ..., "
+                                        f"model: ...), got {_tname(data)}")])
     if overrides:
         data = apply_overrides(data, overrides, source)
     v = _Validator(source)
     v.unknown(data, TOP_KEYS, "")
 
     experiment = v.get(data, "experiment", str, required=True)
-    if isinstance(experiment, str) and not EXPERIMENT_RE.match(experiment):
-        v.err("experiment", "must be 1-64 letters, digits, '.', '_' or '-' (no '/', no '..'), "
-                            f"starting with a letter or digit; got {experiment!r}")
-    if isinstance(experiment, str) and ".." in experiment:
-        v.err("experiment", f"must not contain '..'; got {experiment!r}")
+    if isinstance(experiment, str):
+        if any(c in experiment for c in "/\\") or ".." in experiment:
+            v.err("experiment", "is a folder name under outputs/, not a path: no '/', '\\' or "
+                                f"'..'; got {_short(experiment)}")
+        elif not EXPERIMENT_RE.match(experiment):
+            v.err("experiment", "must be 1-64 letters, digits, '.', '_' or '-', starting with a "
+                                f"letter or digit; got {_short(experiment)}")
     model = v.get(data, "model", str, required=True)
     if isinstance(model, str) and not model.strip():
-        v.err("model", "must not be empty")
+        v.err("model", "must not be empty: a preset, a local folder or a hub id")
     notebook = v.get(data, "notebook", str, default="00_quickstart")
     if isinstance(notebook, str) and not re.fullmatch(r"[A-Za-z0-9_-]+", notebook):
         v.err("notebook", "must be a notebook name under notebooks/ without .ipynb; "
-                          f"got {notebook!r}")
+                          f"got {_short(notebook)}")
     description = v.get(data, "description", str, default="")
 
+    max_runs = v.number(data, "max_runs", int, DEFAULT_MAX_RUNS, lo=1)
     engine = v.get(data, "engine", dict, default={})
     engine = v.knobs(engine, "engine") if isinstance(engine, dict) else {}
-    grid = _engine_grid(v, data.get("engine_grid", [{}]))
+    grid = _engine_grid(v, data.get("engine_grid", [{}]), max_runs)
     engine_env = _engine_env(v, v.get(data, "engine_env", dict, default={}))
+    n0 = len(v.problems)
     load_params = _load(v, v.get(data, "load", dict, default={}))
+    load_ok = load_params is not None and len(v.problems) == n0
     repeats = v.number(data, "repeats", int, 1, lo=1)
-    max_runs = v.number(data, "max_runs", int, DEFAULT_MAX_RUNS, lo=1)
     startup_timeout_s = v.number(data, "startup_timeout_s", (int, float), 900.0, lo=1)
     run_timeout_s = v.number(data, "run_timeout_s", (int, float), 1800.0, lo=1)
     figures = v.get(data, "figures", list, default=[])
     if isinstance(figures, list) and not all(isinstance(f, str | int | float) for f in figures):
         v.err("figures", "must be a list of figure numbers such as '1.3'")
 
-    # Cross-field checks, on each engine config as it will run.
+    # Cross-field checks, on each engine config as it will run; a problem of the shared
+    # `engine` knobs is reported once, under `engine`.
+    base = _engine_problems(engine)
+    for sub, msg in base:
+        v.err(f"engine.{sub}", msg)
+    too_short: dict[int, list[int]] = {}
+    need = 0
+    if load_ok:
+        need = load_params.prefix_len + load_params.input_len + load_params.output_len
     for i, override in enumerate(grid):
         merged = {**engine, **override}
-        _check_engine(v, merged, f"engine_grid[{i}]" if len(grid) > 1 else "engine")
+        for sub, msg in _engine_problems(merged):
+            if (sub, msg) not in base:
+                v.err(f"engine_grid[{i}].{sub}", msg)
         mml = merged.get("max_model_len")
-        if isinstance(mml, int) and load_params is not None:
-            need = load_params.prefix_len + load_params.input_len + load_params.output_len
-            if need > mml:
-                v.err("load.input_len", f"prefix_len + input_len + output_len = {need} exceeds "
-                                        f"max_model_len {mml} of engine config {i}")
+        if isinstance(mml, int) and need > mml:
+            too_short.setdefault(mml, []).append(i)
+    for mml, configs in too_short.items():
+        which = "" if len(grid) == 1 else f" (engine config {', '.join(map(str, configs))})"
+        v.err("load.input_len", f"prefix_len + input_len + output_len = {need} exceeds "
+                                f"max_model_len {mml}{which}: shorten the requests or raise "
+                                "max_model_len")
     if load_params is not None and isinstance(repeats, int) and isinstance(max_runs, int):
-        n = len(grid) * len(load_params.users) * len(load_params.request_rates) * repeats
+        factors = {"engine_grid": len(grid), "load.users": len(load_params.users),
+                   "load.request_rates": len(load_params.request_rates), "repeats": repeats}
+        n = math.prod(factors.values())
         if n > max_runs:
-            v.err("load.users", f"the plan has {n:,} runs, over max_runs={max_runs}; narrow the "
-                                "grid or raise max_runs deliberately")
+            v.err(max(factors, key=lambda k: factors[k]),
+                  f"the plan has {len(grid)} engine configs x {len(load_params.users)} users x "
+                  f"{len(load_params.request_rates)} rates x {repeats} repeats = {n:,} runs, "
+                  f"over max_runs={max_runs}; narrow it or raise max_runs deliberately")
     v.raise_if_any()
     return SweepParams(
         experiment=experiment, model=model.strip(), notebook=notebook, description=description,
@@ -255,20 +416,38 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
 # Sections
 
 
-def _engine_grid(v: _Validator, raw: Any) -> list[dict[str, Any]]:
+def _engine_grid(v: _Validator, raw: Any, max_runs: int) -> list[dict[str, Any]]:
     if isinstance(raw, dict):  # knob -> list of values: the cartesian product
+        if not raw:
+            v.err("engine_grid", "is empty: give knob -> list of values, or a list of "
+                                 "configs ({} = vLLM defaults)")
+            return [{}]
         knobs = v.knobs({k: None for k in raw}, "engine_grid", types=False)
-        axes = []
+        ok = len(knobs) == len(raw)
         for k in knobs:
             values = raw[k]
             if not isinstance(values, list) or not values:
-                v.err(f"engine_grid.{k}", "must be a non-empty list of values")
-                return [{}]
-            axes.append([(k, x) for x in values])
-        grid = [dict(combo) for combo in itertools.product(*axes)]
-        for i, g in enumerate(grid):
-            v.knobs(g, f"engine_grid[{i}]")
-        return grid or [{}]
+                v.err(f"engine_grid.{k}", "must be a non-empty list of values (the cartesian "
+                                          f"product is taken), got {_short(values)}")
+                ok = False
+                continue
+            for j, x in enumerate(values):
+                problem = _knob_problem(k, x)
+                if problem:
+                    v.err(f"engine_grid.{k}[{j}]", problem)
+                    ok = False
+            if len({repr(x) for x in values}) != len(values):
+                v.err(f"engine_grid.{k}", "has duplicates")
+                ok = False
+        if not ok:
+            return [{}]
+        n = math.prod(len(raw[k]) for k in knobs)
+        if n > max_runs:
+            v.err("engine_grid", f"the cartesian product is {n:,} engine configs, over "
+                                 f"max_runs={max_runs}; use fewer values per knob")
+            return [{}]
+        return [dict(combo) for combo in itertools.product(*([(k, x) for x in raw[k]]
+                                                             for k in knobs))]
     if not isinstance(raw, list):
         v.err("engine_grid", f"must be a list of knob overrides or a mapping of knob -> list, "
                              f"got {_tname(raw)}")
@@ -277,18 +456,21 @@ def _engine_grid(v: _Validator, raw: Any) -> list[dict[str, Any]]:
         v.err("engine_grid", "is empty: give at least one engine config ({} = vLLM defaults)")
         return [{}]
     grid = []
+    seen: dict[str, int] = {}
     for i, item in enumerate(raw):
         item = {} if item is None else item
         if not isinstance(item, dict):
-            v.err(f"engine_grid[{i}]", f"must be a mapping of knobs, got {_tname(item)}")
+            v.err(f"engine_grid[{i}]", f"must be a mapping of knobs such as "
+                                       f"{{max_num_seqs: 4}}, got {_tname(item)} {_short(item)}")
             continue
-        grid.append(v.knobs(item, f"engine_grid[{i}]"))
-    seen: dict[str, int] = {}
-    for i, g in enumerate(grid):
-        key = repr(sorted(g.items()))
-        if key in seen:
-            v.err(f"engine_grid[{i}]", f"duplicates engine_grid[{seen[key]}]")
-        seen[key] = i
+        n0 = len(v.problems)
+        knobs = v.knobs(item, f"engine_grid[{i}]")
+        key = repr(sorted(knobs.items()))
+        if key in seen and len(v.problems) == n0:  # a dropped bad knob is no duplicate
+            v.err(f"engine_grid[{i}]", f"duplicates engine_grid[{seen[key]}]: each entry must "
+                                       "be a different engine config")
+        seen.setdefault(key, i)
+        grid.append(knobs)
     return grid or [{}]
 
 
@@ -296,12 +478,14 @@ def _engine_env(v: _Validator, raw: Any) -> dict[str, str]:
     env: dict[str, str] = {}
     for k, val in (raw or {}).items() if isinstance(raw, dict) else []:
         key = f"engine_env.{k}"
-        if not isinstance(k, str) or not ENV_NAME_RE.match(k):
-            v.err(key, "only VLLM_* environment variables may be set here")
-        elif SECRET_ENV_RE.search(k):
+        if isinstance(k, str) and SECRET_ENV_RE.search(k):
             v.err(key, "secrets never go in params; export them in the shell instead")
+        elif not isinstance(k, str) or not ENV_NAME_RE.match(k):
+            v.err(key, "only VLLM_* environment variables may be set here; set others in the "
+                       "shell that runs tunebook")
         elif isinstance(val, bool) or not isinstance(val, str | int | float):
-            v.err(key, f"must be a string or number, got {_tname(val)}")
+            v.err(key, f"must be a string or number (quote true/false: '1' or '0'), got "
+                       f"{_tname(val)} {_short(val)}")
         else:
             env[k] = str(val)
     return env
@@ -310,27 +494,30 @@ def _engine_env(v: _Validator, raw: Any) -> dict[str, str]:
 def _load(v: _Validator, raw: Any) -> LoadParams | None:
     if not isinstance(raw, dict):
         return None
+    n0 = len(v.problems)
     v.unknown(raw, LOAD_KEYS, "load")
     d = LoadParams()
     dataset = v.get(raw, "dataset", str, default=d.dataset, prefix="load")
     if isinstance(dataset, str) and dataset not in DATASETS:
-        v.err("load.dataset", f"must be one of {DATASETS}, got {dataset!r}")
+        v.err("load.dataset", f"must be one of {DATASETS}, got {_short(dataset)}")
     users = _int_list(v, raw.get("users", list(d.users)), "load.users")
     rates_raw = raw.get("request_rates", [None])
     rates: list[float | None] = []
     if not isinstance(rates_raw, list) or not rates_raw:
-        v.err("load.request_rates", "must be a non-empty list of requests/s (null = all at once)")
+        v.err("load.request_rates", "must be a non-empty list of requests/s (null = all at "
+                                    f"once), got {_short(rates_raw)}")
     else:
         for i, r in enumerate(rates_raw):
             if r is None or r == "inf":
                 rates.append(None)
             elif isinstance(r, bool) or not isinstance(r, int | float) or not r > 0 \
                     or math.isinf(r) or math.isnan(r):
-                v.err(f"load.request_rates[{i}]", f"must be a positive number or null, got {r!r}")
+                v.err(f"load.request_rates[{i}]", "must be a positive number of requests/s or "
+                                                  f"null (all at once), got {_short(r)}")
             else:
                 rates.append(float(r))
     if len(set(rates)) != len(rates):
-        v.err("load.request_rates", "has duplicates")
+        v.err("load.request_rates", "has duplicates: each rate runs once per repeat")
     lp = dict(
         input_len=v.number(raw, "input_len", int, d.input_len, lo=1, prefix="load"),
         output_len=v.number(raw, "output_len", int, d.output_len, lo=1, prefix="load"),
@@ -343,52 +530,64 @@ def _load(v: _Validator, raw: Any) -> LoadParams | None:
         num_warmups=v.number(raw, "num_warmups", int, d.num_warmups, lo=0, prefix="load"),
     )
     if dataset in ("random_prefix", "prefix_repetition") and lp["prefix_len"] == 0:
-        v.err("load.prefix_len", f"dataset {dataset!r} needs prefix_len > 0")
+        v.err("load.prefix_len", f"dataset {dataset!r} needs prefix_len > 0 (shared prefix "
+                                 "tokens per prompt)")
     if dataset == "random" and isinstance(lp["prefix_len"], int) and lp["prefix_len"] > 0:
         v.err("load.prefix_len", "is only used by random_prefix / prefix_repetition; "
                                  "set dataset: random_prefix")
-    if v.problems:
+    if len(v.problems) > n0:
         return LoadParams() if not users else LoadParams(users=tuple(users))
     return LoadParams(dataset=dataset, users=tuple(users), request_rates=tuple(rates), **lp)
 
 
 def _int_list(v: _Validator, raw: Any, key: str) -> list[int]:
     if not isinstance(raw, list) or not raw:
-        v.err(key, f"must be a non-empty list of positive integers, got {raw!r}"[:200])
+        v.err(key, f"must be a non-empty list of positive integers such as [1, 2, 4, 8], got "
+                   f"{_tname(raw)} {_short(raw)}")
         return []
     out = []
     for i, x in enumerate(raw):
         if isinstance(x, bool) or not isinstance(x, int) or x <= 0:
-            v.err(f"{key}[{i}]", f"must be a positive integer, got {x!r}")
+            v.err(f"{key}[{i}]", f"must be a positive integer, got {_short(x)}")
         else:
             out.append(x)
     if len(set(out)) != len(out):
-        v.err(key, "has duplicates")
+        dups = sorted({x for x in out if out.count(x) > 1})
+        v.err(key, f"has duplicates ({_short(dups)}): list each value once")
     return out
 
 
-def _check_engine(v: _Validator, knobs: dict[str, Any], key: str) -> None:
-    """Cross-field rules vLLM would otherwise only report after a minute of start-up."""
+def _engine_problems(knobs: dict[str, Any]) -> list[tuple[str, str]]:
+    """Cross-field rules vLLM would otherwise only report after a minute of start-up, as
+    (knob key, message) pairs."""
+    out = []
     spec = knobs.get("speculative_config")
     if isinstance(spec, dict):
         method = spec.get("method")
         if method not in SPEC_METHODS:
-            v.err(f"{key}.speculative_config.method", f"must be one of {SPEC_METHODS}, "
-                                                      f"got {method!r}")
+            out.append(("speculative_config.method",
+                        f"must be one of {SPEC_METHODS}, got {_short(method)}"))
         n = spec.get("num_speculative_tokens")
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            v.err(f"{key}.speculative_config.num_speculative_tokens",
-                  f"must be a positive integer, got {n!r}")
+        if n is None:
+            out.append(("speculative_config.num_speculative_tokens",
+                        "is required: tokens drafted per step, a positive integer such as 3"))
+        elif isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            out.append(("speculative_config.num_speculative_tokens",
+                        f"must be a positive integer (tokens drafted per step), got {_short(n)}"))
         if method in ("eagle", "eagle3", "medusa", "draft_model") and not spec.get("model"):
-            v.err(f"{key}.speculative_config.model", f"method {method!r} needs a draft model")
+            out.append(("speculative_config.model",
+                        f"method {method!r} needs a draft model (a hub id or local folder)"))
     mnbt, mml = knobs.get("max_num_batched_tokens"), knobs.get("max_model_len")
     if knobs.get("enable_chunked_prefill") is False and isinstance(mnbt, int) \
             and isinstance(mml, int) and mnbt < mml:
-        v.err(f"{key}.max_num_batched_tokens",
-              f"{mnbt} < max_model_len {mml} with chunked prefill off: vLLM refuses this")
-    if "gpu_memory_utilization" in knobs and "kv_cache_memory_bytes" in knobs:
-        v.err(f"{key}.kv_cache_memory_bytes", "conflicts with gpu_memory_utilization: "
-                                              "vLLM sizes the KV cache by one or the other")
+        out.append(("max_num_batched_tokens",
+                    f"{mnbt} < max_model_len {mml} with chunked prefill off: vLLM refuses this; "
+                    "raise it to at least max_model_len or turn chunked prefill on"))
+    if knobs.get("gpu_memory_utilization") is not None \
+            and knobs.get("kv_cache_memory_bytes") is not None:
+        out.append(("kv_cache_memory_bytes", "conflicts with gpu_memory_utilization: vLLM "
+                                             "sizes the KV cache by one or the other; keep one"))
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -396,7 +595,30 @@ def _check_engine(v: _Validator, knobs: dict[str, Any], key: str) -> None:
 
 def _tname(x: Any) -> str:
     return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number",
             type(None): "nothing (null)"}.get(type(x), type(x).__name__)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlist = _REPR.maxdict = 6
+_REPR.maxlevel = 3
+
+
+def _short(x: Any) -> str:
+    """A value for an error message: repr, cut short."""
+    return _REPR.repr(x)
+
+
+def _knob_problem(k: str, val: Any) -> str | None:
+    """What is wrong with engine knob `k` set to `val` (None = vLLM's default is fine)."""
+    if val is None:
+        return None
+    typ, check, allowed = ENGINE_KNOBS[k]
+    bad_bool = isinstance(val, bool) and typ is not bool
+    if bad_bool or not isinstance(val, typ) or (check is not None and not check(val)):
+        return f"must be {allowed}, got {_tname(val)} {_short(val)}"
+    return None
 
 
 class _Validator:
@@ -416,7 +638,7 @@ class _Validator:
     def unknown(self, data: dict, allowed: tuple[str, ...] | dict, prefix: str) -> None:
         for k in data:
             if k not in allowed:
-                near = difflib.get_close_matches(str(k), list(allowed), n=1)
+                near = difflib.get_close_matches(str(k).replace("-", "_"), list(allowed), n=1)
                 hint = f" (did you mean '{near[0]}'?)" if near else ""
                 where = f"{prefix}.{k}" if prefix else str(k)
                 self.err(where, f"unknown key{hint}; allowed: {', '.join(allowed)}")
@@ -430,7 +652,8 @@ class _Validator:
             return default
         val = data[key]
         if not isinstance(val, typ) or (typ is not bool and isinstance(val, bool)):
-            self.err(where, f"must be {_tname(typ())}, got {_tname(val)} ({val!r})"[:200])
+            hint = " (quote it)" if typ is str and isinstance(val, int | float | bool) else ""
+            self.err(where, f"must be {_tname(typ())}{hint}, got {_tname(val)} {_short(val)}")
             return default
         return val
 
@@ -440,12 +663,13 @@ class _Validator:
         if key not in data or data[key] is None:
             return default
         val = data[key]
-        if isinstance(val, bool) or not isinstance(val, typ):
-            want = "an integer" if typ is int else "a number"
-            self.err(where, f"must be {want}, got {_tname(val)} ({val!r})"[:200])
+        want = "an integer" if typ is int else "a number"
+        if isinstance(val, bool) or not isinstance(val, typ) \
+                or (isinstance(val, float) and math.isnan(val)):
+            self.err(where, f"must be {want} >= {lo:g}, got {_tname(val)} {_short(val)}")
             return default
         if val < lo:
-            self.err(where, f"must be >= {lo:g}, got {val!r}")
+            self.err(where, f"must be {want} >= {lo:g}, got {val!r}")
             return default
         return val
 
@@ -455,13 +679,9 @@ class _Validator:
         for k, val in data.items():
             if k not in ENGINE_KNOBS:
                 continue
-            if not types or val is None:  # None = leave vLLM's default
-                out[k] = val
-                continue
-            typ, check, allowed = ENGINE_KNOBS[k]
-            bad_bool = isinstance(val, bool) and typ is not bool
-            if bad_bool or not isinstance(val, typ) or (check is not None and not check(val)):
-                self.err(f"{prefix}.{k}", f"must be {allowed}, got {val!r}"[:200])
+            problem = _knob_problem(k, val) if types else None
+            if problem:
+                self.err(f"{prefix}.{k}", problem)
             else:
                 out[k] = val
         return out

@@ -154,9 +154,9 @@ def rows_to_frame(rows: list[dict[str, Any]], latest_only: bool = True) -> pd.Da
         order = df["status"].eq(schema.STATUS_OK).astype(int)
         df = (df.assign(_ok=order).sort_values(["_ok", "finished_at"])
                 .drop_duplicates("run_id", keep="last").drop(columns="_ok"))
+    if len(df):
         df = df.sort_values(["engine_config_id", "max_concurrency", "request_rate", "repeat",
-                             "run_id"],
-                            na_position="last")
+                             "run_id", "finished_at"], na_position="last")
     return df.reset_index(drop=True)
 
 
