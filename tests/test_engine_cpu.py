@@ -27,12 +27,26 @@ SMALL = ["-p", "load.users", "[1, 2]", "-p", "load.prompts_per_user", "2"]
 pytestmark = pytest.mark.engine
 
 
+# A token-shaped secret in the environment: it must not reach any output file.
+FAKE_HF_TOKEN = "hf_" + "TunebookFakeToken" * 2
+
+
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("outputs")
-    rc = cli(["run", str(QUICK), *SMALL, "--outputs", str(out), "-q"])
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_TOKEN", FAKE_HF_TOKEN)  # the papermill kernel and the engine inherit it
+    try:
+        rc = cli(["run", str(QUICK), *SMALL, "--outputs", str(out), "-q"])
+    finally:
+        mp.undo()
     assert rc == 0
     return out / "quickstart"
+
+
+def _files_containing(root: Path, needle: str) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()
+            and needle.encode() in p.read_bytes()]
 
 
 def _records(exp: Path) -> list[dict]:
@@ -86,7 +100,13 @@ def test_notebook_rendered_offline(quickstart: Path) -> None:
     assert "Fig 1.3" in html and "reference" in html
 
 
-def test_resume_skips_finished(quickstart: Path, tmp_path: Path) -> None:
+def test_resume_skips_finished(quickstart: Path, tmp_path: Path,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import tunebook.engine as eng
+
+    keys: list[str] = []
+    real = eng.secrets.token_urlsafe
+    monkeypatch.setattr(eng.secrets, "token_urlsafe", lambda n: keys.append(real(n)) or keys[-1])
     exp = tmp_path / "quickstart"
     shutil.copytree(quickstart, exp)
     params = P.load(QUICK, {"load.users": [1, 2], "load.prompts_per_user": 2})
@@ -103,3 +123,10 @@ def test_resume_skips_finished(quickstart: Path, tmp_path: Path) -> None:
     assert [r["run_id"] for r in result.rows] == [run_id]
     assert len(list((exp / "engines").glob("*.log"))) == 3
     assert len(pd.read_parquet(exp / "results.parquet")) == 4
+    # The engine's API key (one per engine) never lands in an output file.
+    assert len(keys) == 1 and not _files_containing(exp, keys[0])
+
+
+def test_no_secret_in_outputs(quickstart: Path) -> None:
+    assert not _files_containing(quickstart, FAKE_HF_TOKEN)
+    assert not _files_containing(quickstart, "VLLM_API_KEY=")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,11 @@ def _add_common(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"),
                     help="override a dotted key with a YAML value: -p load.users '[1,2]'")
     sp.add_argument("--outputs", type=Path, default=None, help="outputs root (default outputs/)")
+
+
+def _wait(args: argparse.Namespace) -> None:
+    if getattr(args, "wait", None):
+        os.environ["TUNEBOOK_WAIT_S"] = str(args.wait)
 
 
 def _load(args: argparse.Namespace) -> P.SweepParams:
@@ -69,11 +75,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     resolve_model(params.model)  # builds a preset's folder before papermill starts a kernel
     sweep.store.check_writable()
-    ipynb = report.execute(params.notebook, sweep.store.root, {
-        "params_file": str(args.params.resolve()),
-        "overrides": _overrides(args.param),
-        "outputs": str(outputs),
-    }, progress=not args.quiet)
+    _wait(args)
+    from papermill.exceptions import PapermillExecutionError
+
+    crashed = None
+    try:
+        ipynb = report.execute(params.notebook, sweep.store.root, {
+            "params_file": str(args.params.resolve()),
+            "overrides": _overrides(args.param),
+            "outputs": str(outputs),
+        }, progress=not args.quiet)
+    except PapermillExecutionError as e:  # the partial notebook is saved: render it anyway
+        crashed = e
+        ipynb = report.latest_notebook(sweep.store.root)
+        print(f"tunebook: the notebook stopped at cell {e.exec_count}: {e.ename}: {e.evalue}",
+              file=sys.stderr)
     df = sweep.store.table()
     failed = int((df["status"] != "ok").sum()) if len(df) else 0
     print(f"executed notebook: {ipynb}")
@@ -84,7 +100,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"HTML not rendered here ({e}); run: tunebook render {sweep.store.root}")
     else:
         print(f"HTML report: {html}")
-    return EXIT_FAILED_RUNS if failed else EXIT_OK
+    if crashed is not None and crashed.ename == "SweepLockedError":
+        return EXIT_LOCKED
+    return EXIT_FAILED_RUNS if failed or crashed else EXIT_OK
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -104,6 +122,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(sweep.describe())
         return EXIT_OK
+    _wait(args)
     result = sweep.run()
     print(f"{result.ok} ok, {result.failed} not ok, {result.skipped} already done; "
           f"table: {sweep.store.root / 'results.parquet'}")
@@ -131,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(sp)
     sp.add_argument("--dry-run", action="store_true", help="print the plan; start nothing")
     sp.add_argument("-q", "--quiet", action="store_true")
+    sp.add_argument("--wait", type=float, default=0, metavar="SECONDS",
+                    help="wait this long for another sweep holding the machine (default: refuse)")
     sp.set_defaults(fn=cmd_run)
     sp = sub.add_parser("plan", help="print what would run (a dry run)")
     _add_common(sp)
@@ -139,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(sp)
     sp.add_argument("--dry-run", action="store_true")
     sp.add_argument("-q", "--quiet", action="store_true")
+    sp.add_argument("--wait", type=float, default=0, metavar="SECONDS",
+                    help="wait this long for another sweep holding the machine (default: refuse)")
     sp.set_defaults(fn=cmd_sweep)
     sp = sub.add_parser("render", help="render an experiment's executed notebook to HTML")
     sp.add_argument("experiment_dir", type=Path, help="e.g. outputs/quickstart")

@@ -90,11 +90,21 @@ def to_html(ipynb: Path, html: Path | None = None) -> Path:
                 data.pop(VEGALITE_MIME, None)
     exporter = HTMLExporter(template_name="lab")
     body, _ = exporter.from_notebook_node(nb)
-    body = _SECRET_RE.sub("***", body)
+    body = _SECRET_RE.sub("***", _offline(body))
     html = html or ipynb.with_suffix(".html")
     replace_atomic(html, body.encode())
     replace_atomic(ipynb.parent.parent / "report.html", body.encode())
     return html
+
+
+_REMOTE_SCRIPT = re.compile(
+    r"<script[^>]*\bsrc=[\"']https?:[^>]*>\s*(?:</script>)?", re.IGNORECASE)
+
+
+def _offline(html: str) -> str:
+    """Drop the CDN scripts nbconvert's template adds (require.js, MathJax): tunebook's
+    reports need neither, and a shared report must not reach out to the network."""
+    return _REMOTE_SCRIPT.sub("", html)
 
 
 def latest_notebook(exp_dir: Path) -> Path:

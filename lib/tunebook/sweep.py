@@ -59,22 +59,45 @@ class SweepResult:
 
 
 @contextlib.contextmanager
-def experiment_lock(root: Path) -> Iterator[None]:
-    """One sweep per experiment folder at a time (flock: released if the process dies)."""
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+def _flock(path: Path, what: str, advice: str, wait_s: float = 0.0) -> Iterator[None]:
+    """An exclusive flock (released by the kernel if the holder dies), holder info inside."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
-            raise SweepLockedError(f"experiment {root.name} is being run by pid {holder}; "
-                                   "wait for it or pick another experiment name") from None
+        deadline = time.monotonic() + wait_s
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "?"
+                if time.monotonic() >= deadline:
+                    raise SweepLockedError(f"{what} is in use by {holder}; {advice}") from None
+                if not told:
+                    print(f"waiting up to {wait_s:.0f} s: {what} is in use by {holder}",
+                          file=sys.stderr)
+                    told = True
+                time.sleep(2.0)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        os.pwrite(fd, f"pid {os.getpid()} ({' '.join(sys.argv[:3])[:120]})".encode(), 0)
         yield
     finally:
         os.close(fd)
+
+
+def experiment_lock(root: Path) -> contextlib.AbstractContextManager[None]:
+    """One sweep per experiment folder at a time."""
+    return _flock(root / ".lock", f"experiment {root.name}",
+                  "wait for it or pick another experiment name")
+
+
+def machine_lock(wait_s: float = 0.0) -> contextlib.AbstractContextManager[None]:
+    """One sweep per machine at a time: two engines would share (and skew) the GPU/CPUs."""
+    from tunebook.engine import state_dir
+
+    return _flock(state_dir().parent / "machine.lock", "this machine's accelerator",
+                  "wait for that sweep (or pass --wait SECONDS)", wait_s)
 
 
 @contextlib.contextmanager
@@ -125,13 +148,17 @@ class Sweep:
 
     def __init__(self, params: SweepParams, outputs: Path | str = DEFAULT_OUTPUTS,
                  progress: bool = True, on_result: Callable[[dict], None] | None = None,
-                 retry_failed: bool = True):
+                 retry_failed: bool = True, wait_s: float | None = None):
         self.params = params
         self.plan = make_plan(params)
         self.store = Store(Path(outputs) / params.experiment)
         self.progress = progress
         self.on_result = on_result
         self.retry_failed = retry_failed
+        # How long to wait for another sweep holding the machine (`--wait` sets the env var,
+        # which also reaches the papermill kernel).
+        self.wait_s = wait_s if wait_s is not None else float(
+            os.environ.get("TUNEBOOK_WAIT_S", "0"))
 
     # -- what would run -------------------------------------------------------------------
     def done(self) -> set[str]:
@@ -146,7 +173,8 @@ class Sweep:
     def run(self) -> SweepResult:
         model = resolve_model(self.params.model)  # a bad model fails before any engine
         self.store.check_writable()
-        with experiment_lock(self.store.root), sigterm_as_exception():
+        with experiment_lock(self.store.root), machine_lock(self.wait_s), \
+                sigterm_as_exception():
             self._record_inputs()
             return self._run(model)
 
