@@ -1,5 +1,6 @@
 """`tunebook` command line. Exit codes: 0 all runs ok, 1 some runs failed (recorded),
-2 bad params or bad usage, 3 another sweep holds the experiment, 130 interrupted."""
+2 bad params or bad usage, 3 another sweep holds the experiment or the machine,
+130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 
 from tunebook import params as P
 
-EXIT_OK, EXIT_FAILED_RUNS, EXIT_BAD_PARAMS, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_FAILED_RUNS, EXIT_BAD_PARAMS, EXIT_LOCKED = 0, 1, 2, 3
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143  # 128 + SIGINT / SIGTERM, as shells report them
 
 
 def _overrides(pairs: list[list[str]] | None) -> dict[str, Any]:
@@ -175,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from tunebook.models import ModelNotFoundError
-    from tunebook.sweep import SweepLockedError
+    from tunebook.sweep import SweepLockedError, Terminated
 
     args = build_parser().parse_args(argv)
     try:
@@ -193,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         print("tunebook: interrupted; finished runs are saved — run again to resume",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated:
+        print("tunebook: terminated (SIGTERM); finished runs are saved — run again to resume",
+              file=sys.stderr)
+        return EXIT_TERMINATED
 
 
 if __name__ == "__main__":

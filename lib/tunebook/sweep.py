@@ -257,6 +257,8 @@ class Sweep:
         elif not metrics.get("completed"):
             status, error = schema.STATUS_FAILED, _first_error(res) or "no request completed"
         elif metrics.get("failed_requests"):
+            # vLLM's metrics leave failed requests out: the numbers would flatter this run.
+            status = schema.STATUS_FAILED
             error = f"{metrics['failed_requests']} request(s) failed: {_first_error(res)}"[:500]
         self._save(run, model, engine, result, status=status, started=started, seed=seed,
                    metrics=metrics, error=error,
