@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # Run tunebook on the lent H200 (device tool), from the repo root, after staging vLLM 0.26
 # (see ../shared/device/README.md).
-#   Usage: bash scripts/h200_run.sh run|sweep PARAMS [tunebook args...]
+#   Usage: bash scripts/h200_run.sh 'STEP' ['STEP' ...]
+#   STEP:  [SECONDS:|@SECONDS:]run|sweep PARAMS [tunebook args...]
+#          e.g. '300:sweep params/ch02-h200.yaml' (at most 300 s), '@560:sweep …' (until 560 s
+#          after this script started: keeps a call inside the device's 10-minute limit)
+# A step with a limit gets SIGTERM when it is reached: tunebook marks the run in flight
+# 'interrupted', stops the engine and exits 143; a later step (or call) resumes it.
+# Results go to outputs/h200/ of the device's copy of the checkout, so a later call that carries
+# this checkout (with outputs/h200/<experiment> unpacked) resumes where the last one stopped.
 # Carry: .devstage/{install.sh,MANIFEST,part-01} and .whl (papermill/ipykernel/altair wheels).
-# Everything lands in $OUT/h200.tgz (the device returns at most 8 files); unpack it into
-# outputs/h200/ here and render the HTML with `tunebook render` (no nbconvert on the device).
+# The experiments touched land in $OUT/h200.tgz; unpack it into outputs/h200/ here and render
+# HTML with `tunebook render` (no nbconvert on the device).
 set -uo pipefail
 ready=$(bash .devstage/install.sh | tail -1)
 [[ "$ready" == READY:* ]] || { echo "vLLM bundle not ready: $ready"; exit 1; }
@@ -16,9 +23,29 @@ fi
 export PYTHONPATH="$PYTHONPATH:/tmp/site2:$PWD/lib" PYTHONUNBUFFERED=1 TUNEBOOK_BATCH=1
 export TUNEBOOK_STATE_DIR=/tmp/tunebook-state
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-dest=/tmp/tb-outputs
-cmd=$1; shift
-python3 -m tunebook.cli "$cmd" "$@" --outputs "$dest"; rc=$?
-echo "tunebook exit code: $rc"
-tar czf "$OUT/h200.tgz" --exclude=.lock -C "$dest" . && ls -la "$OUT"
+dest="$PWD/outputs/h200"
+touched=()
+rc=0
+for step in "$@"; do
+  limit=""
+  if [[ "$step" =~ ^([0-9]+):(.*)$ ]]; then limit=${BASH_REMATCH[1]}; step=${BASH_REMATCH[2]}; fi
+  if [[ "$step" =~ ^@([0-9]+):(.*)$ ]]; then
+    limit=$(( BASH_REMATCH[1] - SECONDS )); step=${BASH_REMATCH[2]}
+    (( limit > 30 )) || { echo "== skipped (no time left): $step"; continue; }
+  fi
+  read -r -a argv <<<"$step"
+  exp=$(python3 -c "import sys,yaml; print(yaml.safe_load(open(sys.argv[1]))['experiment'])" \
+        "${argv[1]}")
+  touched+=("./$exp")
+  echo "== step: $step (experiment $exp${limit:+, limit ${limit}s})"
+  if [[ -n "$limit" ]]; then
+    timeout -s TERM -k 60 "$limit" python3 -m tunebook.cli "${argv[@]}" --outputs "$dest"; r=$?
+  else
+    python3 -m tunebook.cli "${argv[@]}" --outputs "$dest"; r=$?
+  fi
+  echo "== tunebook exit code: $r"
+  [[ $r -gt $rc ]] && rc=$r
+done
+mapfile -t uniq < <(printf '%s\n' "${touched[@]}" | sort -u)
+tar czf "$OUT/h200.tgz" --exclude=.lock -C "$dest" "${uniq[@]}" && ls -la "$OUT"
 exit $rc

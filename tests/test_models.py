@@ -119,13 +119,14 @@ def test_preset_dir_loads_with_autoconfig(model_root: Path, preset: str) -> None
     assert config.architectures == expected["architectures"]
     assert config.model_type == expected["model_type"]
     for key in ("hidden_size", "num_hidden_layers", "num_key_value_heads", "head_dim"):
-        assert getattr(config, key) == expected[key]
-    assert config.vocab_size == 151936
+        if key in expected:  # Qwen2-style configs derive head_dim from hidden_size
+            assert getattr(config, key) == expected[key]
+    assert config.vocab_size == expected["vocab_size"] >= 151936  # Qwen's tokenizer fits
     assert PRESETS[preset]["description"]
 
     generation = json.loads((folder / "generation_config.json").read_text())
     assert generation["bos_token_id"] == 151643
-    assert 151645 in generation["eos_token_id"]
+    assert expected["eos_token_id"] in generation["eos_token_id"]
     # Sampling defaults would silently change what benchmark requests do.
     assert not {"temperature", "top_p", "top_k", "do_sample"} & set(generation)
 

@@ -29,3 +29,21 @@ def test_describe_marks_done() -> None:
     text = plan.describe({plan.runs[0].run_id})
     assert "1 already done" in text and "7 to run" in text
     assert "--max-num-seqs 4" in text and "VLLM_CPU_KVCACHE_SPACE=1" in text
+
+
+def test_engine_grid_may_swap_the_model() -> None:
+    p = P.load(Path(__file__).resolve().parents[1] / "params" / "ch02-h200.yaml")
+    plan = make_plan(p)
+    models = [e.model for e in plan.engines]
+    assert models[:-1] == ["qwen3-8b"] * (len(models) - 1) and models[-1] == "qwen1.5-110b"
+    assert all("model" not in e.knobs for e in plan.engines)  # never rendered as a flag
+    assert plan.engines[-1].label == "model=qwen1.5-110b"
+    assert "vllm serve qwen1.5-110b" in plan.describe()
+
+
+def test_model_belongs_at_top_level_not_in_engine() -> None:
+    import pytest
+
+    with pytest.raises(P.ParamsError, match="engine.model"):
+        P.parse({"experiment": "x", "model": "qwen3-tiny", "engine": {"model": "qwen3-8b"},
+                 "load": {"users": [1]}})

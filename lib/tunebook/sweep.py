@@ -171,12 +171,13 @@ class Sweep:
 
     # -- running ----------------------------------------------------------------------------
     def run(self) -> SweepResult:
-        model = resolve_model(self.params.model)  # a bad model fails before any engine
+        # every model of the grid resolves before any engine starts
+        models = {e.model: resolve_model(e.model) for e in self.plan.engines}
         self.store.check_writable()
         with experiment_lock(self.store.root), machine_lock(self.wait_s), \
                 sigterm_as_exception():
             self._record_inputs()
-            return self._run(model)
+            return self._run(models)
 
     def _record_inputs(self) -> None:
         s = stamp()
@@ -187,7 +188,7 @@ class Sweep:
         replace_atomic(self.store.root / "plan.json",
                        json.dumps(self.plan.to_dict(), indent=1, default=str).encode())
 
-    def _run(self, model: ModelRef) -> SweepResult:
+    def _run(self, models: dict[str, ModelRef]) -> SweepResult:
         done = self.done()
         todo = [r for r in self.plan.runs if r.run_id not in done]
         result = SweepResult(self.store, self.plan, skipped=len(self.plan.runs) - len(todo))
@@ -196,7 +197,7 @@ class Sweep:
             for engine_cfg in self.plan.engines:
                 runs = [r for r in todo if r.engine.id == engine_cfg.id]
                 if runs:
-                    self._run_engine(engine_cfg, runs, model, result, bar)
+                    self._run_engine(engine_cfg, runs, models[engine_cfg.model], result, bar)
         finally:
             bar.close()
             self.store.rebuild_table()
@@ -275,7 +276,7 @@ class Sweep:
             "experiment": self.params.experiment, "status": status,
             "engine_config_id": run.engine.id, "engine_label": run.engine.label,
             "repeat": run.repeat, "started_at": started or utc_now(), "finished_at": utc_now(),
-            "model": self.params.model, "load_format": model.load_format,
+            "model": run.engine.model, "load_format": model.load_format,
             **run.point.as_row(), "seed": seed,
             **(metrics or {}), **facts, "startup_s": engine.startup_s,
             "error": error, "error_line": error_line, "error_hint": error_hint,

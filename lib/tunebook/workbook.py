@@ -14,8 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from tunebook import claims, figures, report, schema
 from tunebook import params as P
-from tunebook import report, schema
 from tunebook.sweep import Sweep, SweepResult
 
 FACT_COLUMNS = ["engine_label", "vllm_version", "model_runner", "attention_backend",
@@ -63,6 +63,31 @@ class Workbook:
         df = self.table()
         cols = ["engine_label", "max_concurrency", "status", "error", "error_line", "error_hint"]
         return df[df["status"] != schema.STATUS_OK][cols].reset_index(drop=True)
+
+    # -- the manual's figures -------------------------------------------------------------------
+    def evidence(self) -> claims.Evidence:
+        return claims.load_evidence(self.sweep.store.root)
+
+    def figure(self, fig: str) -> None:
+        """Display Fig ``fig``: the verdict line, then the measured chart beside the manual's
+        claim — or only the verdict when the figure cannot run on this machine."""
+        from IPython.display import Markdown, display
+
+        ev = self.evidence()
+        display(Markdown(figures.verdict_markdown(figures.verdict(ev, fig))))
+        c = figures.chart(ev, fig)
+        if c is not None:
+            display(c)
+
+    def claims(self) -> pd.DataFrame:
+        """The claims table of this experiment (see tunebook.claims)."""
+        return claims.evaluate([self.sweep.store.root])
+
+    def show_claims(self) -> None:
+        from IPython.display import HTML, display
+
+        display(HTML(claims.to_html(self.claims(), title=f"Claims: {self.params.experiment}",
+                                    fragment=True)))
 
     def summary(self) -> pd.DataFrame:
         """The headline numbers per engine config and load point."""
