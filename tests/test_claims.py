@@ -72,6 +72,11 @@ def test_tokens_per_gib_and_fp8() -> None:
     c26 = claims.fig_2_6(ev)
     assert c26.measured_value == pytest.approx(4390.8 / 3443.0)
     assert c26.verdict == claims.HOLDS  # 1.28x vs the manual's 1.36x: within 1.25x
+    # an unpinned default engine (a bigger pool) beside them is not the baseline
+    unpinned = {**rows[0], "engine_config_id": "d", "engine_label": "default",
+                "kv_cache_gib": 111.84, "kv_pool_tokens": 814368, "output_tok_s": 3353.1}
+    c26 = claims.fig_2_6(_ev([*rows, unpinned]))
+    assert c26.measured_value == pytest.approx(4390.8 / 3443.0) and "145,632" in c26.measured
     cpu = _ev([{**r, "gpu_name": None} for r in rows])
     assert claims.fig_2_6(cpu).verdict == claims.CANNOT  # never faked on a CPU
     assert figures.chart(cpu, "2.6") is None
@@ -115,3 +120,15 @@ def test_chapter_charts_render() -> None:
         assert spec["$schema"].startswith("https://vega.github.io/schema/vega-lite/")
     tree = charts.process_tree(claims.process_tree(ev)).to_dict()
     assert "layer" in tree
+
+
+def test_h200_chapter_claims() -> None:
+    """The committed H200 runs of chapters 1-2 give the verdicts the README reports."""
+    verdicts = claims.evaluate([H200 / "ch01", H200 / "ch02"]).set_index(["experiment", "figure"])
+    v = verdicts["verdict"]
+    assert v[("ch01", "1.1")] == claims.HOLDS
+    for fig in ("2.1", "2.2", "2.3", "2.5"):
+        assert v[("ch02", fig)] == claims.HOLDS, verdicts.loc[("ch02", fig), "why"]
+    c26 = verdicts.loc[("ch02", "2.6")]
+    assert "KV pool 145,632 tokens" in c26.measured  # like for like: the pinned pools
+    assert c26.verdict in (claims.HOLDS, claims.DIFFERS) and c26.measured_value > 1.0
