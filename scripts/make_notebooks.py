@@ -188,7 +188,41 @@ is skipped — never faked. `tunebook run params/ch02.yaml` (CPU) or `params/ch0
     return nb
 
 
-BUILDERS = {"00_quickstart": quickstart, "01_engine": ch01, "02_memory_kv": ch02}
+def tune() -> nbf.NotebookNode:
+    nb = nbf.v4.new_notebook()
+    cell = code('''params_file: str = "../params/tune.yaml"  # where the panel starts (YAML), relative to notebooks/
+overrides: dict = {}  # dotted-key overrides applied on top of the file, e.g. {"load.users": [1, 2]}
+outputs: str = "../outputs"  # runs land in <outputs>/<experiment>/
+interactive: bool = True  # False (tunebook run, papermill): run the params once, no clicks
+dry_run: bool = False  # with interactive False: start nothing, show the stored results''')
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [
+        md("# Tune an engine by hand\n"
+           "Pick the model, the engine knobs and the load, then press **Run**: a progress bar "
+           "follows the engine start and each load point, the start-up facts appear, and the "
+           "chart grows as each point lands.\n\n"
+           "- Changing only **load** settings reuses the running engine; changing an **engine** "
+           "knob restarts it on the next Run. **Stop engine** frees the machine.\n"
+           "- Everything the panel runs is replayable: each run records its params under "
+           "`outputs/<experiment>/inputs/`, and **Save as params** writes a YAML file that "
+           "`tunebook run` replays unattended (same plan, same run ids, so finished runs are "
+           "skipped).\n"
+           "- A value the params would reject (users `1, x`, a fraction above 1) is reported "
+           "in the panel; no engine starts."),
+        cell,
+        code("from tunebook import panel as tune\n\n"
+             "panel = tune.panel(params_file, overrides, outputs)\n"
+             "panel.show(interactive, dry_run=dry_run)"),
+        md("## The params behind the panel\nThe dry run of the panel's params as they were when "
+           "this cell ran (run it again after editing; `tunebook plan` prints the same for a "
+           "saved file)."),
+        code("print(panel.plan().describe())"),
+    ]
+    return nb
+
+
+BUILDERS = {"00_quickstart": quickstart, "01_engine": ch01, "02_memory_kv": ch02,
+            "10_tune": tune}
 
 
 def main(argv: list[str]) -> int:

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from tunebook.cli import EXIT_BAD_PARAMS, EXIT_OK, main
+from tunebook.cli import EXIT_BAD_PARAMS, EXIT_LOCKED, EXIT_OK, main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,3 +54,92 @@ def test_claims_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
     assert {p.name for p in tmp_path.iterdir()} == {"claims.csv", "claims.md", "claims.html",
                                                     "claims.json"}
     assert main(["claims", str(tmp_path)]) == 2  # no experiments there: a clear refusal
+
+
+@pytest.fixture()
+def _state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNEBOOK_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("TUNEBOOK_WAIT_S", "0")  # `--wait` sets it in-process: undone after
+
+
+@pytest.mark.usefixtures("_state")
+def test_lock_refuses_an_overlapping_run_of_the_same_experiment(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A second scheduled run while the first still holds the experiment: exit 3 at once,
+    naming the holder; nothing is started or written."""
+    from tunebook.sweep import experiment_lock
+
+    params = REPO / "params" / "quickstart.yaml"
+    with experiment_lock(tmp_path / "quickstart"):
+        rc = main(["sweep", str(params), "--outputs", str(tmp_path)])
+    assert rc == EXIT_LOCKED
+    err = capsys.readouterr().err
+    assert "experiment quickstart is in use by pid" in err
+    assert not list((tmp_path / "quickstart" / "runs").glob("*.json"))
+
+
+@pytest.mark.usefixtures("_state")
+def test_machine_lock_refuses_or_waits(capsys: pytest.CaptureFixture[str],
+                                       tmp_path: Path) -> None:
+    """Another experiment holding the machine (its accelerator): refused at once, or after
+    --wait seconds."""
+    import time
+
+    from tunebook.sweep import machine_lock
+
+    params = REPO / "params" / "quickstart.yaml"
+    with machine_lock():
+        t0 = time.monotonic()
+        rc = main(["sweep", str(params), "--outputs", str(tmp_path), "--wait", "3"])
+        waited = time.monotonic() - t0
+    assert rc == EXIT_LOCKED and waited >= 3
+    assert "this machine's accelerator is in use" in capsys.readouterr().err
+
+
+def test_index_and_compare_commands(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import shutil
+
+    for machine in ("cpu", "h200"):
+        shutil.copytree(REPO / "outputs" / machine / "ch01", tmp_path / machine / "ch01")
+    assert main(["index", str(tmp_path)]) == EXIT_OK
+    page = (tmp_path / "index.html").read_text()
+    assert 'href="cpu/ch01/report.html"' in page and 'href="h200/ch01/report.html"' in page
+    assert "NVIDIA H200" in page and "<script" not in page
+    out = tmp_path / "cmp.html"
+    assert main(["compare", str(tmp_path / "cpu" / "ch01"), str(tmp_path / "h200" / "ch01"),
+                 "--out", str(out)]) == EXIT_OK
+    html = out.read_text()
+    assert "<td>cpu/ch01</td>" in html and "<td>h200/ch01</td>" in html
+    assert "cpu/ch01 \\u00b7 default" in html or "cpu/ch01 · default" in html
+    assert "https://cdn" not in html  # vega inlined: opens offline
+    assert main(["compare", str(tmp_path / "cpu" / "ch01"), "--out", str(out)]) == \
+        EXIT_BAD_PARAMS
+
+
+def test_export_writes_png_and_svg(tmp_path: Path) -> None:
+    assert main(["export", str(REPO / "outputs" / "h200" / "ch01"), "--out",
+                 str(tmp_path)]) == EXIT_OK
+    pngs, svgs = sorted(tmp_path.glob("*.png")), sorted(tmp_path.glob("*.svg"))
+    assert pngs and len(pngs) == len(svgs)
+    assert pngs[0].read_bytes()[:4] == b"\x89PNG" and b"<svg" in svgs[0].read_bytes()[:500]
+
+
+def test_replot_redraws_stored_results_without_an_engine(tmp_path: Path) -> None:
+    """Results brought back from the H200: the notebook runs again on them alone."""
+    import shutil
+
+    from tunebook import report
+
+    exp = tmp_path / "ch01"
+    shutil.copytree(REPO / "outputs" / "h200" / "ch01", exp)
+    logs_before = sorted((exp / "engines").iterdir())
+    rc = main(["run", str(REPO / "params" / "ch01-h200.yaml"), "--outputs", str(tmp_path),
+               "--replot", "-q"])
+    assert rc == EXIT_OK
+    ipynb = report.latest_notebook(exp)
+    assert report.notebook_parameters(ipynb)["dry_run"] is True
+    assert sorted((exp / "engines").iterdir()) == logs_before  # nothing started
+    html = (exp / "report.html").read_text()
+    assert "NVIDIA H200" in html and "nothing started" in html
+    assert main(["run", str(REPO / "params" / "ch01.yaml"), "--outputs",
+                 str(tmp_path / "empty"), "--replot"]) == EXIT_BAD_PARAMS

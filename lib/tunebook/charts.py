@@ -229,6 +229,22 @@ def scaling(df: pd.DataFrame, y: str = "output_tok_s", x: str = "max_concurrency
                      title or f"{axis_title(y)} vs {axis_title(x).split(' (')[0].lower()}")
 
 
+def overlay(frames: Mapping[str, pd.DataFrame], y: str = "output_tok_s",
+            x: str = "max_concurrency", title: str | None = None) -> alt.LayerChart:
+    """Several experiments in one chart (CPU vs H200, vLLM 0.26 vs 0.32, yesterday vs today):
+    one line per experiment × engine config, labelled "<experiment> · <engine config>"."""
+    if not frames:
+        raise ValueError("overlay needs at least one experiment")
+    parts = []
+    for name, df in frames.items():
+        _require(df, "engine_label", "status", x, y)
+        parts.append(_labelled(df).assign(
+            engine_label=lambda d, n=name: n + " · " + d["engine_label"].astype(str)))
+    names = " vs ".join(frames)
+    return _measured(pd.concat(parts, ignore_index=True), x, {y: y}, axis_title(y),
+                     title or f"{axis_title(y)}: {names}")
+
+
 def latency_percentiles(df: pd.DataFrame, metric: str = "tpot") -> alt.LayerChart:
     """p50 / p90 / p99 of ttft, tpot, itl or e2el (ms) vs concurrent users."""
     if metric not in _METRIC_NAMES:
@@ -594,14 +610,25 @@ def save_chart(chart: alt.TopLevelMixin, path_stem: Path,
     unknown = [f for f in formats if f != "html" and f not in _EXPORTERS]
     if unknown:
         raise ValueError(f"unknown formats {unknown}; use png, svg, pdf or html")
+    written = save_spec(chart.to_json(), path_stem, [f for f in formats if f != "html"])
+    if "html" in formats:
+        path = path_stem.parent / f"{path_stem.name}.html"
+        path.write_text(offline_html(chart), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def save_spec(spec: str | dict, path_stem: Path, formats: Iterable[str] = ("png", "svg"),
+              ) -> list[Path]:
+    """Write a Vega-Lite spec (a chart's JSON) as ``<path_stem>.<fmt>`` for png/svg/pdf."""
+    path_stem = Path(path_stem)
     path_stem.parent.mkdir(parents=True, exist_ok=True)
-    spec, written = chart.to_json(), []
+    written = []
     for fmt in formats:
+        if fmt not in _EXPORTERS:
+            raise ValueError(f"unknown format {fmt!r}; use png, svg or pdf")
         path = path_stem.parent / f"{path_stem.name}.{fmt}"
-        if fmt == "html":
-            path.write_text(offline_html(chart), encoding="utf-8")
-        else:
-            path.write_bytes(_EXPORTERS[fmt](spec))
+        path.write_bytes(_EXPORTERS[fmt](spec))
         written.append(path)
     return written
 
@@ -612,6 +639,6 @@ def offline_html(chart: alt.TopLevelMixin) -> str:
 
 
 __all__ = [
-    "axis_title", "beside", "latency_percentiles", "manual_panel", "offline_html",
-    "ratio_vs_manual", "save_chart", "scaling", "scaling_ratios", "startup_table",
+    "axis_title", "beside", "latency_percentiles", "manual_panel", "offline_html", "overlay",
+    "ratio_vs_manual", "save_chart", "save_spec", "scaling", "scaling_ratios", "startup_table",
 ]

@@ -82,7 +82,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(sweep.describe())
         return EXIT_OK
-    resolve_model(params.model)  # builds a preset's folder before papermill starts a kernel
+    if args.replot and not sweep.store.rows():
+        print(f"tunebook: --replot needs stored runs; {sweep.store.root} has none",
+              file=sys.stderr)
+        return EXIT_BAD_PARAMS
+    if not args.replot:
+        resolve_model(params.model)  # builds a preset's folder before papermill starts a kernel
     sweep.store.check_writable()
     _wait(args)
     from papermill.exceptions import PapermillExecutionError
@@ -93,6 +98,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             "params_file": str(args.params.resolve()),
             "overrides": _overrides(args.param),
             "outputs": str(outputs),
+            "interactive": False,  # the tuning notebook runs its params instead of waiting
+            **({"dry_run": True} if args.replot else {}),
         }, progress=not args.quiet)
     except PapermillExecutionError as e:  # the partial notebook is saved: render it anyway
         crashed = e
@@ -109,6 +116,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"HTML not rendered here ({e}); run: tunebook render {sweep.store.root}")
     else:
         print(f"HTML report: {html}")
+        _index(outputs)
     if crashed is not None and crashed.ename == "SweepLockedError":
         return EXIT_LOCKED
     return EXIT_FAILED_RUNS if failed or crashed else EXIT_OK
@@ -127,11 +135,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     """The sweep alone, no notebook (what the notebook calls)."""
     from tunebook.sweep import DEFAULT_OUTPUTS, Sweep
 
+    _wait(args)  # before the Sweep reads it
     sweep = Sweep(_load(args), args.outputs or DEFAULT_OUTPUTS, progress=not args.quiet)
     if args.dry_run:
         print(sweep.describe())
         return EXIT_OK
-    _wait(args)
     result = sweep.run()
     print(f"{result.ok} ok, {result.failed} not ok, {result.skipped} already done; "
           f"table: {sweep.store.root / 'results.parquet'}")
@@ -150,6 +158,50 @@ def cmd_claims(args: argparse.Namespace) -> int:
     print(claims.to_markdown(df))
     print("written: " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def _index(outputs: Path) -> Path | None:
+    from tunebook import index
+
+    try:
+        path = index.write(outputs)
+    except Exception as e:  # noqa: BLE001 - the index is a convenience; never fail a run on it
+        print(f"tunebook: index.html not rebuilt: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+    print(f"index: {path}")
+    return path
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from tunebook.sweep import DEFAULT_OUTPUTS
+
+    return EXIT_OK if _index(args.outputs or DEFAULT_OUTPUTS) else EXIT_BAD_PARAMS
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from tunebook import compare
+
+    if len(args.experiments) < 2:
+        print("tunebook: compare needs two or more experiment folders", file=sys.stderr)
+        return EXIT_BAD_PARAMS
+    try:
+        out = compare.write(args.experiments, args.out, args.label)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"tunebook: {e}", file=sys.stderr)
+        return EXIT_BAD_PARAMS
+    print(f"comparison: {out}")
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Every chart of an experiment's latest notebook as PNG and SVG (for slides)."""
+    from tunebook import report
+
+    paths = report.export_charts(report.latest_notebook(args.experiment_dir),
+                                 args.out or args.experiment_dir / "charts", args.format)
+    for p in paths:
+        print(p)
+    return EXIT_OK
 
 
 def cmd_engines(args: argparse.Namespace) -> int:
@@ -172,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("run", help="execute the params' notebook with papermill, render HTML")
     _add_common(sp)
     sp.add_argument("--dry-run", action="store_true", help="print the plan; start nothing")
+    sp.add_argument("--replot", action="store_true",
+                    help="execute the notebook on the stored results only (its dry_run): "
+                         "figures and claims redrawn by this code, no engine started — e.g. "
+                         "for results brought back from a GPU box")
     sp.add_argument("-q", "--quiet", action="store_true")
     sp.add_argument("--wait", type=float, default=0, metavar="SECONDS",
                     help="wait this long for another sweep holding the machine (default: refuse)")
@@ -195,6 +251,23 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", type=Path, default=None,
                     help="where claims.{csv,md,html,json} go (default: ROOT)")
     sp.set_defaults(fn=cmd_claims)
+    sp = sub.add_parser("index", help="rebuild outputs/index.html (every experiment, with "
+                                      "links and headline numbers)")
+    sp.add_argument("outputs", type=Path, nargs="?", default=None)
+    sp.set_defaults(fn=cmd_index)
+    sp = sub.add_parser("compare", help="overlay two or more experiments in one chart per "
+                                        "metric (an offline HTML page)")
+    sp.add_argument("experiments", type=Path, nargs="+", help="experiment folders")
+    sp.add_argument("--label", action="append", default=None,
+                    help="a label per experiment, in order (default: their paths)")
+    sp.add_argument("--out", type=Path, required=True, help="the HTML file to write")
+    sp.set_defaults(fn=cmd_compare)
+    sp = sub.add_parser("export", help="write every chart of an experiment's latest notebook "
+                                       "as PNG and SVG (vl-convert)")
+    sp.add_argument("experiment_dir", type=Path)
+    sp.add_argument("--out", type=Path, default=None, help="default: EXPERIMENT_DIR/charts")
+    sp.add_argument("--format", action="append", default=None, choices=["png", "svg", "pdf"])
+    sp.set_defaults(fn=cmd_export)
     sp = sub.add_parser("engines", help="list engines tunebook left running; --reap kills "
                                         "those whose owner is gone")
     sp.add_argument("--reap", action="store_true")

@@ -61,6 +61,9 @@ def execute(notebook: str, exp_dir: Path, parameters: dict[str, Any],
 
     out = exp_dir / "notebooks" / f"{notebook}__{stamp()}.ipynb"
     out.parent.mkdir(parents=True, exist_ok=True)
+    # Only what the notebook declares: papermill would inject the rest with a warning.
+    declared = pm.inspect_notebook(str(notebook_path(notebook)))
+    parameters = {k: v for k, v in parameters.items() if k in declared}
     env_before = os.environ.get("TUNEBOOK_BATCH")
     os.environ["TUNEBOOK_BATCH"] = "1"  # text progress bars inside the executed notebook
     try:
@@ -105,6 +108,26 @@ def _offline(html: str) -> str:
     """Drop the CDN scripts nbconvert's template adds (require.js, MathJax): tunebook's
     reports need neither, and a shared report must not reach out to the network."""
     return _REMOTE_SCRIPT.sub("", html)
+
+
+def export_charts(ipynb: Path, out_dir: Path, formats: list[str] | None = None) -> list[Path]:
+    """Each Vega-Lite chart in an executed notebook as ``<cell>-<n>.<fmt>`` (PNG and SVG by
+    default), named after the cell's position so slides can refer to them."""
+    import nbformat
+
+    from tunebook import charts
+
+    nb = nbformat.read(str(ipynb), as_version=4)
+    written: list[Path] = []
+    for i, cell in enumerate(nb.cells):
+        n = 0
+        for o in cell.get("outputs", []):
+            spec = o.get("data", {}).get(VEGALITE_MIME)
+            if spec:
+                n += 1
+                written += charts.save_spec(spec, Path(out_dir) / f"cell{i:02d}-{n}",
+                                            formats or ["png", "svg"])
+    return written
 
 
 def latest_notebook(exp_dir: Path) -> Path:

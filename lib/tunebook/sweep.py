@@ -143,18 +143,63 @@ def _phase_reporter(bar: Any, label: str) -> Callable[[str, float], None]:
     return report
 
 
+class EngineKeeper:
+    """Keeps one engine up between sweeps (the tuning panel): a sweep whose engine config
+    matches the kept one reuses it — load settings change without a restart — and a different
+    config stops it first. While it holds an engine it holds the machine lock, so no other
+    sweep starts a second engine beside it. `stop()` (or the kernel's exit) releases both."""
+
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+        self.config_id: str | None = None
+        self.starts = 0  # engines started through this keeper (a restart counts)
+        self._lock: contextlib.ExitStack | None = None
+
+    def hold_machine(self, wait_s: float) -> None:
+        if self._lock is None:
+            stack = contextlib.ExitStack()
+            stack.enter_context(machine_lock(wait_s))
+            self._lock = stack
+
+    def take(self, cfg: EngineConfig) -> Engine | None:
+        """The kept engine if it runs `cfg` and is alive; otherwise stop it and return None."""
+        if self.engine is not None and self.config_id == cfg.id and self.engine.alive():
+            return self.engine
+        self._stop_engine()
+        return None
+
+    def keep(self, cfg: EngineConfig, engine: Engine) -> None:
+        if self.engine is not None and self.engine is not engine:
+            self._stop_engine()
+        self.engine, self.config_id = engine, cfg.id
+
+    def _stop_engine(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+        self.engine = self.config_id = None
+
+    def stop(self) -> None:
+        self._stop_engine()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+
 class Sweep:
-    """Runs a plan into a store. `on_result(row)` is called after each saved run."""
+    """Runs a plan into a store. `on_result(row)` is called after each saved run; with a
+    `keeper` the last engine stays up for the next sweep (see EngineKeeper)."""
 
     def __init__(self, params: SweepParams, outputs: Path | str = DEFAULT_OUTPUTS,
                  progress: bool = True, on_result: Callable[[dict], None] | None = None,
-                 retry_failed: bool = True, wait_s: float | None = None):
+                 retry_failed: bool = True, wait_s: float | None = None,
+                 keeper: EngineKeeper | None = None):
         self.params = params
         self.plan = make_plan(params)
         self.store = Store(Path(outputs) / params.experiment)
         self.progress = progress
         self.on_result = on_result
         self.retry_failed = retry_failed
+        self.keeper = keeper
         # How long to wait for another sweep holding the machine (`--wait` sets the env var,
         # which also reaches the papermill kernel).
         self.wait_s = wait_s if wait_s is not None else float(
@@ -174,10 +219,15 @@ class Sweep:
         # every model of the grid resolves before any engine starts
         models = {e.model: resolve_model(e.model) for e in self.plan.engines}
         self.store.check_writable()
-        with experiment_lock(self.store.root), machine_lock(self.wait_s), \
-                sigterm_as_exception():
+        machine = contextlib.nullcontext() if self.keeper else machine_lock(self.wait_s)
+        with experiment_lock(self.store.root), machine, sigterm_as_exception():
+            if self.keeper:
+                self.keeper.hold_machine(self.wait_s)
             self._record_inputs()
-            return self._run(models)
+            try:
+                return self._run(models)
+            finally:
+                _write_index(self.store.root.parent)
 
     def _record_inputs(self) -> None:
         s = stamp()
@@ -207,11 +257,17 @@ class Sweep:
                     result: SweepResult, bar: Any) -> None:
         pending = list(runs)
         while pending:
-            engine = Engine(model, cfg.knobs, cfg.env, self.store.engine_log_path(cfg.id),
-                            startup_timeout_s=self.params.startup_timeout_s)
-            bar.set_description(f"[{cfg.label}] starting engine")
+            kept = self.keeper.take(cfg) if self.keeper else None
+            engine = kept or Engine(model, cfg.knobs, cfg.env,
+                                    self.store.engine_log_path(cfg.id),
+                                    startup_timeout_s=self.params.startup_timeout_s)
+            bar.set_description(f"[{cfg.label}] " + ("engine kept up" if kept else
+                                                     "starting engine"))
             try:
-                engine.start(on_phase=_phase_reporter(bar, cfg.label))
+                if not kept:
+                    if self.keeper:
+                        self.keeper.starts += 1
+                    engine.start(on_phase=_phase_reporter(bar, cfg.label))
             except EngineStartError as e:
                 for run in pending:
                     self._save(run, model, engine, result, status=schema.STATUS_ENGINE_FAILED,
@@ -219,6 +275,7 @@ class Sweep:
                                error_hint=e.diagnosis.hint, extra={"log_tail": e.log_tail})
                     bar.update(1)
                 return
+            clean = False
             try:
                 while pending:
                     run = pending[0]
@@ -228,8 +285,13 @@ class Sweep:
                     bar.update(1)
                     if not engine.alive():
                         break  # the engine died: start a fresh one for what is left
+                clean = True
             finally:
-                engine.stop()
+                # Kept only after a clean pass: an interrupt or crash always stops the engine.
+                if self.keeper is not None and clean and engine.alive():
+                    self.keeper.keep(cfg, engine)
+                else:
+                    engine.stop()
 
     def _one(self, run: PlannedRun, model: ModelRef, engine: Engine,
              result: SweepResult) -> None:
@@ -302,6 +364,16 @@ class Sweep:
             result.failed += 1
         if self.on_result:
             self.on_result(row)
+
+
+def _write_index(outputs: Path) -> None:
+    """outputs/index.html after every sweep; a failure here must not cost a result."""
+    from tunebook import index
+
+    try:
+        index.write(outputs)
+    except Exception as e:  # noqa: BLE001
+        print(f"tunebook: index.html not rebuilt: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def _first_error(res: dict) -> str | None:

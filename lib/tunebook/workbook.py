@@ -36,7 +36,8 @@ class Workbook:
     def run(self) -> SweepResult | None:
         """Run (or resume) the sweep. In a dry run, print the plan and start nothing."""
         if self.dry_run:
-            print("dry run: nothing started\n" + self.plan())
+            print("dry run: nothing started; the figures below use the runs already stored"
+                  "\n" + self.plan())
             return None
         self.result = self.sweep.run()
         r = self.result
