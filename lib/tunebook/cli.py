@@ -163,12 +163,9 @@ def cmd_claims(args: argparse.Namespace) -> int:
 def _index(outputs: Path) -> Path | None:
     from tunebook import index
 
-    try:
-        path = index.write(outputs)
-    except Exception as e:  # noqa: BLE001 - the index is a convenience; never fail a run on it
-        print(f"tunebook: index.html not rebuilt: {type(e).__name__}: {e}", file=sys.stderr)
-        return None
-    print(f"index: {path}")
+    path = index.rebuild(outputs)
+    if path:
+        print(f"index: {path}")
     return path
 
 

@@ -11,6 +11,7 @@ and the verdict counts of its claims (tunebook.claims) when it targets figures.
 from __future__ import annotations
 
 import html
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -153,4 +154,15 @@ def write(outputs: Path | str) -> Path:
     return replace_atomic(root / INDEX, to_html(rows, root).encode())
 
 
-__all__ = ["experiments", "summary", "table", "to_html", "write", "index_root", "INDEX"]
+def rebuild(outputs: Path | str) -> Path | None:
+    """`write`, for after a sweep or a run: the index is a convenience, so a failure is
+    reported on stderr and never costs the run its exit code or a result."""
+    try:
+        return write(outputs)
+    except Exception as e:  # noqa: BLE001
+        print(f"tunebook: index.html not rebuilt: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+
+
+__all__ = ["experiments", "summary", "table", "to_html", "write", "rebuild", "index_root",
+           "INDEX"]

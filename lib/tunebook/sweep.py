@@ -227,7 +227,9 @@ class Sweep:
             try:
                 return self._run(models)
             finally:
-                _write_index(self.store.root.parent)
+                from tunebook import index  # late: index reads results through claims
+
+                index.rebuild(self.store.root.parent)
 
     def _record_inputs(self) -> None:
         s = stamp()
@@ -364,16 +366,6 @@ class Sweep:
             result.failed += 1
         if self.on_result:
             self.on_result(row)
-
-
-def _write_index(outputs: Path) -> None:
-    """outputs/index.html after every sweep; a failure here must not cost a result."""
-    from tunebook import index
-
-    try:
-        index.write(outputs)
-    except Exception as e:  # noqa: BLE001
-        print(f"tunebook: index.html not rebuilt: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def _first_error(res: dict) -> str | None:
