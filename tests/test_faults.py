@@ -299,34 +299,38 @@ class FaultProxy:
         self.srv.close()
 
 
-@pytest.mark.parametrize("mode", ["503", "reset"])
-def test_client_failures_mid_run_are_recorded(tmp_path: Path, mode: str,
+def test_client_failures_mid_run_are_recorded(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """HTTP 5xx / a connection reset on some requests of a load point: the run is saved as
-    failed with vLLM's count of failed requests and the first error; the engine stays up and
-    the next load point runs normally."""
+    """HTTP 5xx (users=2) and connection resets (users=3) on some requests of a load point,
+    one engine for both: each run is saved as failed with vLLM's count of failed requests and
+    the first error; the engine stays up and the next load point runs normally."""
     import tunebook.sweep as sweep_mod
 
+    modes = {2: "503", 3: "reset"}
     proxies: list[FaultProxy] = []
     real_argv = sweep_mod.bench_argv
 
-    def via_proxy(point, base_url, *a, **kw):  # only the users=2 point goes through faults
-        if point.max_concurrency != 2:
+    def via_proxy(point, base_url, *a, **kw):  # users 2 and 3 go through faults, 1 does not
+        mode = modes.get(point.max_concurrency)
+        if mode is None:
             return real_argv(point, base_url, *a, **kw)
         proxies.append(FaultProxy(int(base_url.rsplit(":", 1)[1]), {2, 3}, mode))
         return real_argv(point, f"http://127.0.0.1:{proxies[-1].port}", *a, **kw)
 
     monkeypatch.setattr(sweep_mod, "bench_argv", via_proxy)
-    params = P.load(_params(tmp_path, f"client-{mode}",
-                            load={**BASE["load"], "users": [2, 1], "output_len": 16}))
+    params = P.load(_params(tmp_path, "client",
+                            load={**BASE["load"], "users": [2, 3, 1], "output_len": 16}))
     result = Sweep(params, tmp_path, progress=False).run()
     for p in proxies:
         p.close()
-    rows = {r["max_concurrency"]: r for r in _rows(tmp_path / f"client-{mode}")}
-    broken, fine = rows[2], rows[1]
-    assert broken["status"] == "failed" and broken["failed_requests"] == 2, broken
-    assert broken["completed"] == broken["num_prompts"] - 2
-    assert broken["error"] and "request(s) failed" in broken["error"]
+    rows = {r["max_concurrency"]: r for r in _rows(tmp_path / "client")}
+    for users in modes:
+        broken = rows[users]
+        assert broken["status"] == "failed" and broken["failed_requests"] == 2, broken
+        assert broken["completed"] == broken["num_prompts"] - 2
+        assert broken["error"] and "request(s) failed" in broken["error"]
+    fine = rows[1]
     assert fine["status"] == "ok" and fine["failed_requests"] == 0
-    assert (result.ok, result.failed) == (1, 1)
+    assert (result.ok, result.failed) == (1, 2)
+    assert len(list((tmp_path / "client" / "engines").glob("*.log"))) == 1  # it stayed up
     _assert_clean()
