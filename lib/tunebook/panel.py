@@ -22,7 +22,6 @@ import pandas as pd
 import yaml
 
 from tunebook import params as P
-from tunebook import schema
 from tunebook.models import PRESETS
 from tunebook.plan import Plan, make_plan
 from tunebook.store import Store, stamp, write_new
@@ -137,8 +136,9 @@ class TunePanel:
         params = self.params()
         sweep = Sweep(params, self.outputs, progress=progress, keeper=self.keeper,
                       on_result=self._on_result)
+        done = sweep.done()  # reads every run file: once, not once per planned run
         self._status(f"running {len(sweep.plan.runs)} run(s): "
-                     f"{sum(r.run_id not in sweep.done() for r in sweep.plan.runs)} to do")
+                     f"{sum(r.run_id not in done for r in sweep.plan.runs)} to do")
         self.last = sweep.run()
         r = self.last
         self._status(f"{r.ok} ok, {r.failed} not ok, {r.skipped} already done · "
@@ -176,13 +176,9 @@ class TunePanel:
         return alt.hconcat(charts.scaling(df, "output_tok_s"), charts.scaling(df, "median_tpot_ms"))
 
     def facts(self) -> pd.DataFrame:
-        from tunebook.workbook import FACT_COLUMNS
+        from tunebook.workbook import startup_facts
 
-        df = self.table()
-        ok = df[df["status"] == schema.STATUS_OK] if len(df) else df
-        if ok.empty:
-            return pd.DataFrame(columns=FACT_COLUMNS)
-        return ok.drop_duplicates("engine_config_id")[FACT_COLUMNS].reset_index(drop=True)
+        return startup_facts(self.table())
 
     def show(self, interactive: bool = True, dry_run: bool = False) -> None:
         """In JupyterLab: the panel. Unattended (papermill): run the params once (or, with

@@ -23,6 +23,14 @@ FACT_COLUMNS = ["engine_label", "vllm_version", "model_runner", "attention_backe
                 "startup_s", "hardware"]
 
 
+def startup_facts(df: pd.DataFrame) -> pd.DataFrame:
+    """Fig 1.1 from a results table: one row per engine config with an ok run."""
+    ok = df[df["status"] == schema.STATUS_OK] if len(df) else df
+    if ok.empty:
+        return pd.DataFrame(columns=FACT_COLUMNS)
+    return ok.drop_duplicates("engine_config_id")[FACT_COLUMNS].reset_index(drop=True)
+
+
 @dataclass
 class Workbook:
     params: P.SweepParams
@@ -54,10 +62,7 @@ class Workbook:
 
     def startup_facts(self) -> pd.DataFrame:
         """Fig 1.1: one row per engine config that started."""
-        df = self.ok()
-        if df.empty:
-            return pd.DataFrame(columns=FACT_COLUMNS)
-        return df.drop_duplicates("engine_config_id")[FACT_COLUMNS].reset_index(drop=True)
+        return startup_facts(self.table())
 
     def failures(self) -> pd.DataFrame:
         """Every run that is not ok, with the line that explains it and what to change."""
