@@ -23,7 +23,7 @@ import yaml
 
 from tunebook import manual, schema
 from tunebook.models import PRESETS, kv_bytes_per_token
-from tunebook.store import Store, replace_atomic
+from tunebook.store import Store, find_experiments, ok_rows, replace_atomic
 
 HOLDS = "holds"
 DIFFERS = "differs"
@@ -72,9 +72,7 @@ class Evidence:
 
     @property
     def ok(self) -> pd.DataFrame:
-        if self.df.empty:
-            return self.df
-        return self.df[self.df["status"] == schema.STATUS_OK]
+        return ok_rows(self.df)
 
     @property
     def hardware(self) -> str:
@@ -532,7 +530,7 @@ def _fig_key(f: str) -> tuple[int, ...]:
 
 def experiments_under(root: str | Path) -> list[Path]:
     """Experiment folders (those with a runs/ folder) directly under ``root``."""
-    return sorted(p for p in Path(root).iterdir() if (p / "runs").is_dir())
+    return find_experiments(root, max_depth=1)
 
 
 _VERDICT_COLOUR = {HOLDS: "#54a24b", DIFFERS: "#e45756", CANNOT: "#9e9e9e",

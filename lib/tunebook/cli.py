@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tunebook import config
 from tunebook import params as P
 
 EXIT_OK, EXIT_FAILED_RUNS, EXIT_BAD_PARAMS, EXIT_LOCKED = 0, 1, 2, 3
@@ -62,10 +63,10 @@ def preflight(path: Path, overrides: dict[str, Any] | None = None) -> P.SweepPar
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from tunebook.sweep import DEFAULT_OUTPUTS, Sweep
+    from tunebook.sweep import Sweep
 
     sweep = Sweep(preflight(args.params, _overrides(args.param)),
-                  args.outputs or DEFAULT_OUTPUTS, progress=False)
+                  args.outputs or config.outputs_dir(), progress=False)
     print(sweep.describe())
     return EXIT_OK
 
@@ -74,10 +75,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Validate, then execute the params' notebook with papermill and render its HTML."""
     from tunebook import report
     from tunebook.models import resolve_model
-    from tunebook.sweep import DEFAULT_OUTPUTS, Sweep
+    from tunebook.sweep import Sweep
 
     params = preflight(args.params, _overrides(args.param))
-    outputs = (args.outputs or DEFAULT_OUTPUTS).resolve()
+    outputs = (args.outputs or config.outputs_dir()).resolve()
     sweep = Sweep(params, outputs, progress=False)
     if args.dry_run:
         print(sweep.describe())
@@ -133,10 +134,10 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """The sweep alone, no notebook (what the notebook calls)."""
-    from tunebook.sweep import DEFAULT_OUTPUTS, Sweep
+    from tunebook.sweep import Sweep
 
     _wait(args)  # before the Sweep reads it
-    sweep = Sweep(_load(args), args.outputs or DEFAULT_OUTPUTS, progress=not args.quiet)
+    sweep = Sweep(_load(args), args.outputs or config.outputs_dir(), progress=not args.quiet)
     if args.dry_run:
         print(sweep.describe())
         return EXIT_OK
@@ -170,9 +171,8 @@ def _index(outputs: Path) -> Path | None:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from tunebook.sweep import DEFAULT_OUTPUTS
 
-    return EXIT_OK if _index(args.outputs or DEFAULT_OUTPUTS) else EXIT_BAD_PARAMS
+    return EXIT_OK if _index(args.outputs or config.outputs_dir()) else EXIT_BAD_PARAMS
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

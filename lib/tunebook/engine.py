@@ -31,6 +31,7 @@ from typing import Any
 
 import psutil
 
+from tunebook import config
 from tunebook.models import ModelRef
 from tunebook.startup import Diagnosis, StartupFacts, diagnose, parse_startup, strip_ansi
 
@@ -54,7 +55,7 @@ _PHASES = (
 
 def state_dir() -> Path:
     """Where pid files of live engines are kept (one per engine)."""
-    d = Path(os.environ.get("TUNEBOOK_STATE_DIR", Path.home() / ".cache" / "tunebook")) / "engines"
+    d = config.state_dir() / "engines"
     d.mkdir(parents=True, exist_ok=True)
     return d
 

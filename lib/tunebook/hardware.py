@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from tunebook import config
 
 
 def _run(argv: list[str], cwd: Path | None = None) -> str | None:
@@ -54,9 +54,10 @@ def gpus() -> list[dict[str, Any]]:
     return found
 
 
-def git_commit(repo: Path = REPO) -> str | None:
-    if os.environ.get("TUNEBOOK_COMMIT"):  # a copy of the tree without .git (the device)
-        return os.environ["TUNEBOOK_COMMIT"]
+def git_commit(repo: Path | None = None) -> str | None:
+    if os.environ.get(config.COMMIT_ENV):  # a copy of the tree without .git (the device)
+        return os.environ[config.COMMIT_ENV]
+    repo = repo or config.home()
     commit = _run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo)
     if commit is None:
         return None

@@ -17,33 +17,13 @@ from typing import Any
 
 import pandas as pd
 
-from tunebook import schema
-from tunebook.store import RUNS, Store, replace_atomic
+from tunebook import config
+from tunebook.store import Store, find_experiments, ok_rows, replace_atomic
 
 INDEX = "index.html"
-MAX_DEPTH = 3  # outputs/<machine>/<experiment>: deep enough, and cheap on a big outputs/
-
-
 def experiments(root: Path | str) -> list[Path]:
-    """Experiment folders (those holding runs/) under ``root``, at most MAX_DEPTH deep."""
-    root = Path(root)
-    found: list[Path] = []
-
-    def walk(d: Path, depth: int) -> None:
-        if (d / RUNS).is_dir():
-            found.append(d)
-            return  # an experiment's own subfolders are not experiments
-        if depth >= MAX_DEPTH:
-            return
-        try:
-            children = sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
-        except OSError:
-            return
-        for c in children:
-            walk(c, depth + 1)
-
-    walk(root, 0)
-    return found
+    """Experiment folders under ``root`` (see store.find_experiments)."""
+    return find_experiments(root)
 
 
 def _first(df: pd.DataFrame, col: str) -> Any:
@@ -54,7 +34,7 @@ def _first(df: pd.DataFrame, col: str) -> Any:
 def summary(exp: Path, root: Path) -> dict[str, Any]:
     """One index row for an experiment folder."""
     df = Store(exp).table()
-    ok = df[df["status"] == schema.STATUS_OK] if len(df) else df
+    ok = ok_rows(df)
     row: dict[str, Any] = {
         "experiment": exp.relative_to(root).as_posix(),
         "model": ", ".join(sorted(df["model"].dropna().astype(str).unique())) if len(df) else "",
@@ -141,10 +121,8 @@ def to_html(rows: list[dict[str, Any]], root: Path) -> str:
 def index_root(outputs: Path | str) -> Path:
     """Where the index goes: the repository's outputs/ when ``outputs`` lies inside it (so
     outputs/cpu/ and outputs/h200/ appear in one index), else ``outputs`` itself."""
-    from tunebook.sweep import DEFAULT_OUTPUTS
-
     outputs = Path(outputs).resolve()
-    top = DEFAULT_OUTPUTS.resolve()
+    top = config.outputs_dir()
     return top if outputs == top or top in outputs.parents else outputs
 
 

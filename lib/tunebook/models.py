@@ -22,6 +22,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tunebook import config
+
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
@@ -37,8 +39,6 @@ __all__ = [
     "resolve_model",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CACHE_ENV = "TUNEBOOK_CACHE"
 
 # ---------------------------------------------------------------------------------------------
 # Presets: config.json contents as published on the Hugging Face hub.
@@ -340,7 +340,7 @@ def _not_found(spec: str, reason: str) -> ModelNotFoundError:
 
 def _cache_root(root: Path | None) -> Path:
     if root is None:
-        root = Path(os.environ.get(CACHE_ENV) or REPO_ROOT / ".cache" / "models")
+        root = config.model_cache_dir()
     root = root.expanduser()
     root.mkdir(parents=True, exist_ok=True)
     return root

@@ -11,10 +11,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from tunebook import config
 from tunebook.store import replace_atomic, stamp
 
-REPO = Path(__file__).resolve().parents[2]
-NOTEBOOKS = REPO / "notebooks"
 _SECRET_RE = re.compile(r"(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9]{20,})")
 
 
@@ -48,9 +47,9 @@ def enable_offline_charts() -> None:
 
 
 def notebook_path(name: str) -> Path:
-    p = NOTEBOOKS / f"{name}.ipynb"
+    p = config.notebooks_dir() / f"{name}.ipynb"
     if not p.exists():
-        raise FileNotFoundError(f"no notebook {name!r} under {NOTEBOOKS}")
+        raise FileNotFoundError(f"no notebook {name!r} under {config.notebooks_dir()}")
     return p
 
 
@@ -69,7 +68,7 @@ def execute(notebook: str, exp_dir: Path, parameters: dict[str, Any],
     try:
         pm.execute_notebook(
             str(notebook_path(notebook)), str(out), parameters=parameters,
-            cwd=str(NOTEBOOKS), progress_bar=progress, kernel_name="python3",
+            cwd=str(config.notebooks_dir()), progress_bar=progress, kernel_name="python3",
             log_output=False, request_save_on_cell_execute=True,
         )
     finally:

@@ -138,6 +138,45 @@ class Store:
         return replace_atomic(path, df.to_parquet(index=False))
 
 
+def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose run finished ``ok``: the one filter every table, chart and rule uses."""
+    if df.empty or "status" not in df.columns:
+        return df.iloc[0:0]
+    return df[df["status"].astype("string").eq(schema.STATUS_OK).fillna(False).astype(bool)]
+
+
+def not_ok_rows(df: pd.DataFrame) -> pd.DataFrame:
+    if df.empty or "status" not in df.columns:
+        return df.iloc[0:0]
+    return df.drop(ok_rows(df).index)
+
+
+MAX_DEPTH = 3  # outputs/<machine>/<experiment>: deep enough, and cheap on a big outputs/
+
+
+def find_experiments(root: Path | str, max_depth: int = MAX_DEPTH) -> list[Path]:
+    """Experiment folders (those holding ``runs/``) under ``root``, at most ``max_depth``
+    levels down, sorted. An experiment's own subfolders are not searched."""
+    root = Path(root)
+    found: list[Path] = []
+
+    def walk(d: Path, depth: int) -> None:
+        if (d / RUNS).is_dir():
+            found.append(d)
+            return
+        if depth >= max_depth:
+            return
+        try:
+            children = sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+        except OSError:
+            return
+        for c in children:
+            walk(c, depth + 1)
+
+    walk(root, 0)
+    return found
+
+
 def rows_to_frame(rows: list[dict[str, Any]], latest_only: bool = True) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     for col in schema.COLUMNS:

@@ -24,16 +24,13 @@ from typing import Any
 
 import yaml
 
-from tunebook import hardware, schema
+from tunebook import config, hardware, schema
 from tunebook.engine import Engine, EngineStartError
 from tunebook.load import bench_argv, fresh_seed, metrics_row, request_arrays, run_bench
 from tunebook.models import ModelRef, resolve_model
 from tunebook.params import SweepParams
 from tunebook.plan import EngineConfig, Plan, PlannedRun, make_plan
 from tunebook.store import Store, replace_atomic, stamp, utc_now, write_new
-
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_OUTPUTS = REPO / "outputs"
 
 
 class Terminated(BaseException):
@@ -94,9 +91,7 @@ def experiment_lock(root: Path) -> contextlib.AbstractContextManager[None]:
 
 def machine_lock(wait_s: float = 0.0) -> contextlib.AbstractContextManager[None]:
     """One sweep per machine at a time: two engines would share (and skew) the GPU/CPUs."""
-    from tunebook.engine import state_dir
-
-    return _flock(state_dir().parent / "machine.lock", "this machine's accelerator",
+    return _flock(config.state_dir() / "machine.lock", "this machine's accelerator",
                   "wait for that sweep (or pass --wait SECONDS)", wait_s)
 
 
@@ -118,7 +113,7 @@ def sigterm_as_exception() -> Iterator[None]:
 
 def _batch() -> bool:
     """Unattended (papermill, cron, a pipe): text progress that does not flood the output."""
-    return bool(os.environ.get("TUNEBOOK_BATCH")) or (
+    return config.batch() or (
         not sys.stderr.isatty() and "ipykernel" not in sys.modules)
 
 
@@ -189,21 +184,20 @@ class Sweep:
     """Runs a plan into a store. `on_result(row)` is called after each saved run; with a
     `keeper` the last engine stays up for the next sweep (see EngineKeeper)."""
 
-    def __init__(self, params: SweepParams, outputs: Path | str = DEFAULT_OUTPUTS,
+    def __init__(self, params: SweepParams, outputs: Path | str | None = None,
                  progress: bool = True, on_result: Callable[[dict], None] | None = None,
                  retry_failed: bool = True, wait_s: float | None = None,
                  keeper: EngineKeeper | None = None):
         self.params = params
         self.plan = make_plan(params)
-        self.store = Store(Path(outputs) / params.experiment)
+        self.store = Store(Path(outputs or config.outputs_dir()) / params.experiment)
         self.progress = progress
         self.on_result = on_result
         self.retry_failed = retry_failed
         self.keeper = keeper
         # How long to wait for another sweep holding the machine (`--wait` sets the env var,
         # which also reaches the papermill kernel).
-        self.wait_s = wait_s if wait_s is not None else float(
-            os.environ.get("TUNEBOOK_WAIT_S", "0"))
+        self.wait_s = wait_s if wait_s is not None else config.wait_s()
 
     # -- what would run -------------------------------------------------------------------
     def done(self) -> set[str]:
@@ -372,7 +366,7 @@ def _first_error(res: dict) -> str | None:
     return next((e for e in res.get("errors", []) if e), None)
 
 
-def run(params: SweepParams, outputs: Path | str = DEFAULT_OUTPUTS, **kw: Any) -> SweepResult:
+def run(params: SweepParams, outputs: Path | str | None = None, **kw: Any) -> SweepResult:
     return Sweep(params, outputs, **kw).run()
 
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import pandas as pd
 
-from tunebook import claims, figures, report, schema
+from tunebook import claims, figures, report
 from tunebook import params as P
+from tunebook.store import not_ok_rows, ok_rows
 from tunebook.sweep import Sweep, SweepResult
 
 FACT_COLUMNS = ["engine_label", "vllm_version", "model_runner", "attention_backend",
@@ -25,7 +26,7 @@ FACT_COLUMNS = ["engine_label", "vllm_version", "model_runner", "attention_backe
 
 def startup_facts(df: pd.DataFrame) -> pd.DataFrame:
     """Fig 1.1 from a results table: one row per engine config with an ok run."""
-    ok = df[df["status"] == schema.STATUS_OK] if len(df) else df
+    ok = ok_rows(df)
     if ok.empty:
         return pd.DataFrame(columns=FACT_COLUMNS)
     return ok.drop_duplicates("engine_config_id")[FACT_COLUMNS].reset_index(drop=True)
@@ -57,8 +58,7 @@ class Workbook:
         return self.sweep.store.table()
 
     def ok(self) -> pd.DataFrame:
-        df = self.table()
-        return df[df["status"] == schema.STATUS_OK]
+        return ok_rows(self.table())
 
     def startup_facts(self) -> pd.DataFrame:
         """Fig 1.1: one row per engine config that started."""
@@ -68,7 +68,7 @@ class Workbook:
         """Every run that is not ok, with the line that explains it and what to change."""
         df = self.table()
         cols = ["engine_label", "max_concurrency", "status", "error", "error_line", "error_hint"]
-        return df[df["status"] != schema.STATUS_OK][cols].reset_index(drop=True)
+        return not_ok_rows(df)[cols].reset_index(drop=True)
 
     # -- the manual's figures -------------------------------------------------------------------
     def evidence(self) -> claims.Evidence:

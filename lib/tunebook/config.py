@@ -1,0 +1,93 @@
+"""Where tunebook reads and writes, and the ``TUNEBOOK_*`` variables that move it: one place.
+
+Every other module asks here instead of computing paths from its own ``__file__`` (which
+breaks once the package is installed without ``-e``: site-packages has no notebooks/).
+
+    TUNEBOOK_HOME       the project folder (notebooks/, params/, outputs/); default: the
+                        checkout this package sits in, else the current directory
+    TUNEBOOK_OUTPUTS    where experiments land; default <home>/outputs
+    TUNEBOOK_CACHE      built offline model folders; default <home>/.cache/models
+    TUNEBOOK_STATE_DIR  pid files of running engines and the machine lock;
+                        default ~/.cache/tunebook
+    TUNEBOOK_BATCH      set: text progress for logs (papermill, cron) instead of live bars
+    TUNEBOOK_WAIT_S     seconds to wait for another sweep holding the machine (--wait)
+    TUNEBOOK_COMMIT     the tunebook commit to record when there is no git checkout
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+HOME_ENV = "TUNEBOOK_HOME"
+OUTPUTS_ENV = "TUNEBOOK_OUTPUTS"
+CACHE_ENV = "TUNEBOOK_CACHE"
+STATE_DIR_ENV = "TUNEBOOK_STATE_DIR"
+BATCH_ENV = "TUNEBOOK_BATCH"
+WAIT_ENV = "TUNEBOOK_WAIT_S"
+COMMIT_ENV = "TUNEBOOK_COMMIT"
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _checkout() -> Path | None:
+    """The source checkout holding this package (lib/tunebook), if it is one."""
+    root = _PACKAGE.parents[1]
+    return root if (root / "notebooks").is_dir() and (root / "lib" / "tunebook").is_dir() else None
+
+
+def home() -> Path:
+    """The project folder: notebooks/, params/ and (by default) outputs/ live here."""
+    env = os.environ.get(HOME_ENV)
+    if env:
+        return Path(env).expanduser().resolve()
+    return _checkout() or Path.cwd().resolve()
+
+
+def notebooks_dir() -> Path:
+    return home() / "notebooks"
+
+
+def params_dir() -> Path:
+    return home() / "params"
+
+
+def outputs_dir() -> Path:
+    env = os.environ.get(OUTPUTS_ENV)
+    return Path(env).expanduser().resolve() if env else home() / "outputs"
+
+
+def model_cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else home() / ".cache" / "models"
+
+
+def state_dir() -> Path:
+    """Per-user state: ``engines/`` pid files and ``machine.lock``."""
+    env = os.environ.get(STATE_DIR_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "tunebook"
+
+
+def batch() -> bool:
+    return bool(os.environ.get(BATCH_ENV))
+
+
+def wait_s() -> float:
+    return float(os.environ.get(WAIT_ENV, "0") or 0)
+
+
+def package_data(name: str) -> Path:
+    """A file shipped inside the package (works installed or from a checkout)."""
+    return _PACKAGE / "data" / name
+
+
+def display_path(path: str | Path, start: str | Path | None = None) -> str:
+    """A path as a shared report should show it: relative to the project (or ``start``) when
+    it lies inside, else just its last two parts — never this machine's absolute layout."""
+    p = Path(path).resolve()
+    for base in ([Path(start).resolve()] if start else []) + [home()]:
+        try:
+            return p.relative_to(base).as_posix() or "."
+        except ValueError:
+            continue
+    return "/".join(p.parts[-2:])
