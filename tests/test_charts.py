@@ -10,7 +10,8 @@ import altair as alt
 import pandas as pd
 import pytest
 
-from tunebook import charts, schema
+from tunebook import charts, figures, schema
+from tunebook.figures.ch01_engine import startup_table
 
 USERS = (1, 2, 4, 8)
 
@@ -95,7 +96,7 @@ def test_latency_percentiles(results):
 
 
 def test_manual_panel_is_labelled_reference():
-    chart = charts.manual_panel("1.3")
+    chart = figures.get("1.3").reference_panel()
     text = json.dumps(_spec(chart), ensure_ascii=False)
     assert "reference" in text and "vLLM manual Fig 1.3" in text and "DGX Spark" in text
     data = _spec(chart)["datasets"]
@@ -105,11 +106,11 @@ def test_manual_panel_is_labelled_reference():
 
 
 def test_manual_panel_without_numbers():
-    assert "states no numbers" in json.dumps(_spec(charts.manual_panel("1.2")))
+    assert "states no numbers" in json.dumps(_spec(figures.get("1.2").reference_panel()))
 
 
 def test_beside(results):
-    chart = charts.beside(charts.scaling(results), "3.1")
+    chart = charts.beside(charts.scaling(results), figures.get("3.1").reference_panel())
     assert isinstance(chart, alt.HConcatChart)
     assert "output_tok_s_cap16_32_users" in _data_text(chart)
 
@@ -125,35 +126,68 @@ def test_scaling_ratios(results):
     assert charts.scaling_ratios(pd.DataFrame(), "output_tok_s", 1, 8) == {}
 
 
-def test_ratio_vs_manual(results):
-    measured = {
-        "output_ratio_64_vs_1": charts.scaling_ratios(results, "output_tok_s", 1, 8),
-        "tpot_ratio_64_vs_1": 1.4,
-    }
-    chart = charts.ratio_vs_manual(measured, "1.3")
-    data = _data_text(chart)
+def test_ratio_bars(results):
+    ratios = [charts.Ratio("output, 8 ÷ 1 users", 8.0,
+                           charts.scaling_ratios(results, "output_tok_s", 1, 8)),
+              charts.Ratio("TPOT, 8 ÷ 1 users", 7.5, {"max_num_seqs=4": 1.4}, "≈"),
+              charts.Ratio("no manual number", None, {"max_num_seqs=4": 2.0})]
+    data = _data_text(charts.ratio_bars(ratios, "t"))
     assert "manual (reference)" in data and "measured here" in data and "not measured" in data
     assert "8×" in data and "≈ 7.5×" in data
-    assert _spec(charts.ratio_vs_manual({}, "1.3"))
-    with pytest.raises(KeyError):
-        charts.ratio_vs_manual({"bogus": 1.0}, "1.3")
+    rows = [r for v in _spec(charts.ratio_bars(ratios, "t"))["datasets"].values() for r in v
+            if "ratio" in r]
+    # a ratio the manual does not state gets no manual bar
+    assert not [r for r in rows if r["ratio"] == "no manual number"
+                and r["source"].startswith("manual")]
+
+
+def test_ratio_first_puts_the_ratio_on_top(results):
+    head = charts.ratio_bars([charts.Ratio("x", 2.0, {"a": 1.5})], "ratio")
+    chart = charts.ratio_first(head, charts.scaling(results), figures.get("1.3").reference_panel())
+    spec = _spec(chart)
+    assert "vconcat" in spec and "hconcat" in spec["vconcat"][0]
+    assert spec["vconcat"][0]["hconcat"][0]["title"]["text"] == "ratio"
+
+
+def test_display_label():
+    assert charts.display_label("kv_cache_memory_bytes=21474836480") == "KV pool 20 GiB"
+    assert (charts.display_label("kv_cache_memory_bytes=1073741824, kv_cache_dtype=fp8")
+            == "KV pool 1 GiB, kv_cache_dtype=fp8")
+    assert (charts.display_label('speculative_config={"method": "ngram", '
+                                 '"num_speculative_tokens": 3}') == "spec ngram ×3")
+    assert charts.display_label("max_num_seqs=4") == "max_num_seqs=4"
+    assert charts.display_label("default") == "default"
+
+
+def test_curves_spec(results):
+    spec = charts.Curves(y=("output_tok_s", "median_tpot_ms"),
+                         filter_by=(("max_num_seqs", 4),))
+    chart = charts.curves(results, spec)
+    data = _data_text(chart)
+    assert "max_num_seqs=4" in data and "max_num_seqs=256" not in data
+    assert len(_spec(chart)["hconcat"]) == 2  # one panel per y
+    by_knob = charts.curves(results, charts.Curves(curve_by="max_num_seqs"))
+    assert "max_num_seqs=256" in _data_text(by_knob)
+    empty = charts.curves(results, charts.Curves(filter_by=(("no_such_column", 1),)))
+    assert _spec(empty)
 
 
 def test_startup_table(results):
-    chart = charts.startup_table(results)
+    chart = startup_table(results)
     data = _data_text(chart)
     assert "CPU_ATTN" in data and "29,120" in data and "7.10×" in data
     assert "1 engine_failed" in data and "—" in data  # the failed config: shown, facts blank
 
 
 def test_save_chart(results, tmp_path):
-    paths = charts.save_chart(charts.beside(charts.scaling(results), "1.3"), tmp_path / "fig")
+    panel = figures.get("1.3").reference_panel()
+    paths = charts.save_chart(charts.beside(charts.scaling(results), panel), tmp_path / "fig")
     assert [p.name for p in paths] == ["fig.png", "fig.svg"]
     png, svg = (p.read_bytes() for p in paths)
     assert png.startswith(b"\x89PNG") and len(png) > 1000
     assert b"<svg" in svg
     with pytest.raises(ValueError):
-        charts.save_chart(charts.manual_panel("1.3"), tmp_path / "x", formats=("png", "gif"))
+        charts.save_chart(panel, tmp_path / "x", formats=("png", "gif"))
     assert not (tmp_path / "x.png").exists()  # checked before anything is written
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tunebook import charts, claims, figures
+from tunebook import claims, figures
 from tunebook.claims import Evidence
+from tunebook.figures.ch01_engine import process_tree, process_tree_chart
 
 H200 = Path(__file__).resolve().parents[1] / "outputs" / "h200"
 
@@ -21,9 +22,13 @@ def _ev(rows: list[dict], params: dict | None = None, records: list | None = Non
                     params or {"model": "qwen3-8b", "figures": []})
 
 
+def _v(fig: str, ev: Evidence) -> claims.Claim:
+    return figures.verdict(ev, fig)
+
+
 def test_h200_quickstart_claims() -> None:
     ev = claims.load_evidence(H200 / "quickstart")
-    c11, c12, c13 = claims.fig_1_1(ev), claims.fig_1_2(ev), claims.fig_1_3(ev)
+    c11, c12, c13 = _v("1.1", ev), _v("1.2", ev), _v("1.3", ev)
     assert c11.verdict == claims.HOLDS and c11.hardware == "NVIDIA H200"
     # one GPU: vLLM 0.26 runs the model inside the engine core, no separate worker process
     assert c12.verdict == claims.DIFFERS and "engine core" in c12.measured
@@ -36,11 +41,11 @@ def test_h200_quickstart_claims() -> None:
 def test_ratio_rule() -> None:
     rows = [{"max_concurrency": u, "output_tok_s": o, "median_tpot_ms": t}
             for u, o, t in ((1, 100.0, 10.0), (64, 800.0, 75.0))]
-    assert claims.fig_1_3(_ev(rows)).verdict == claims.HOLDS
+    assert _v("1.3", _ev(rows)).verdict == claims.HOLDS
     rows[1]["median_tpot_ms"] = 12.0  # per-token time barely grew: not the manual's regime
-    c = claims.fig_1_3(_ev(rows))
+    c = _v("1.3", _ev(rows))
     assert c.verdict == claims.DIFFERS and "not saturated" in c.why
-    assert claims.fig_1_3(_ev(rows[:1])).verdict == claims.NOT_MEASURED
+    assert _v("1.3", _ev(rows[:1])).verdict == claims.NOT_MEASURED
 
 
 def test_kv_bytes_and_pool_rules() -> None:
@@ -48,12 +53,12 @@ def test_kv_bytes_and_pool_rules() -> None:
     row = {"max_concurrency": 1, "kv_cache_gib": 20.0, "kv_pool_tokens": 145632,
            "max_concurrency_x": 17.78, "max_model_len": 8192, "model": "qwen3-8b"}
     ev = _ev([row])
-    assert claims.fig_2_1(ev).verdict == claims.HOLDS
-    assert claims.fig_2_2(ev).verdict == claims.HOLDS
-    fit = claims.users_fit(ev).iloc[0]
-    assert fit.users_fit_640_tokens == 145632 // 640
+    assert _v("2.1", ev).verdict == claims.HOLDS
+    assert _v("2.2", ev).verdict == claims.HOLDS
+    fit = figures.get("2.2").table(ev).iloc[0]
+    assert fit.users_fit_per_user_tokens == 145632 // 640
     bad = _ev([{**row, "kv_pool_tokens": 100000}])
-    assert claims.fig_2_1(bad).verdict == claims.DIFFERS
+    assert _v("2.1", bad).verdict == claims.DIFFERS
 
 
 def test_tokens_per_gib_and_fp8() -> None:
@@ -67,18 +72,18 @@ def test_tokens_per_gib_and_fp8() -> None:
              "kv_pool_tokens": 145632, "max_concurrency": 32, "output_tok_s": 4390.8,
              "quantization": "fp8", "kv_cache_dtype": None, "gpu_name": "H200"}]
     ev = _ev(rows)
-    c25 = claims.fig_2_5(ev)
+    c25 = _v("2.5", ev)
     assert c25.verdict == claims.HOLDS and c25.measured_value == pytest.approx(7281.6)
-    c26 = claims.fig_2_6(ev)
+    c26 = _v("2.6", ev)
     assert c26.measured_value == pytest.approx(4390.8 / 3443.0)
     assert c26.verdict == claims.HOLDS  # 1.28x vs the manual's 1.36x: within 1.25x
     # an unpinned default engine (a bigger pool) beside them is not the baseline
     unpinned = {**rows[0], "engine_config_id": "d", "engine_label": "default",
                 "kv_cache_gib": 111.84, "kv_pool_tokens": 814368, "output_tok_s": 3353.1}
-    c26 = claims.fig_2_6(_ev([*rows, unpinned]))
+    c26 = _v("2.6", _ev([*rows, unpinned]))
     assert c26.measured_value == pytest.approx(4390.8 / 3443.0) and "145,632" in c26.measured
     cpu = _ev([{**r, "gpu_name": None} for r in rows])
-    assert claims.fig_2_6(cpu).verdict == claims.CANNOT  # never faked on a CPU
+    assert _v("2.6", cpu).verdict == claims.CANNOT  # never faked on a CPU
     assert figures.chart(cpu, "2.6") is None
 
 
@@ -88,18 +93,18 @@ def test_failed_starts_rule() -> None:
              "error_hint": "set max_model_len: 14560"},
             {"status": "engine_failed", "engine_config_id": "e2", "engine_label": "x",
              "error": "exited", "error_line": "?", "error_hint": "read the engine log named"}]
-    assert claims.fig_2_3(_ev(rows[:1])).verdict == claims.HOLDS
-    assert claims.fig_2_3(_ev(rows)).verdict == claims.DIFFERS
+    assert _v("2.3", _ev(rows[:1])).verdict == claims.HOLDS
+    assert _v("2.3", _ev(rows)).verdict == claims.DIFFERS
 
 
 def test_memory_budget_rule() -> None:
     row = {"weights_gib": 15.27, "activation_peak_gib": 1.29, "non_torch_gib": 0.22,
            "cuda_graph_gib": 1.0, "kv_cache_gib": 111.84, "memory_budget_gib": 128.62,
            "total_memory_gib": 139.8, "memory_utilization_used": 0.92, "gpu_name": "H200"}
-    c = claims.fig_2_4(_ev([row]))
+    c = _v("2.4", _ev([row]))
     assert c.verdict == claims.HOLDS and c.measured_value == pytest.approx(129.62 / 139.8)
     assert "over budget" in c.why  # 129.62 > 128.62: graphs are captured after KV sizing
-    cpu = claims.fig_2_4(_ev([{"kv_cache_gib": 1.0, "total_memory_gib": 8.34}]))
+    cpu = _v("2.4", _ev([{"kv_cache_gib": 1.0, "total_memory_gib": 8.34}]))
     assert cpu.verdict == claims.CANNOT
 
 
@@ -115,10 +120,10 @@ def test_evaluate_and_write(tmp_path: Path) -> None:
 
 def test_chapter_charts_render() -> None:
     ev = claims.load_evidence(H200 / "quickstart")
-    for fig in ("1.1", "1.2", "1.3", "2.1", "2.2"):
-        spec = figures.CHARTS[fig](ev).to_dict()
+    for fig in ("1.1", "1.2", "1.3", "2.1", "2.2", "3.1"):
+        spec = figures.get(fig).chart(ev).to_dict()
         assert spec["$schema"].startswith("https://vega.github.io/schema/vega-lite/")
-    tree = charts.process_tree(claims.process_tree(ev)).to_dict()
+    tree = process_tree_chart(process_tree(ev)).to_dict()
     assert "layer" in tree
 
 

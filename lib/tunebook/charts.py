@@ -11,17 +11,21 @@ Conventions, shared by every chart of measured data:
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import textwrap
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import altair as alt
 import pandas as pd
 
 from tunebook import schema
-from tunebook.manual import SOURCE, figure, reference_frame
+from tunebook.manual import RESULT, SETTING, SOURCE, Ref
+from tunebook.store import ok_rows
 
 WIDTH, HEIGHT = 380, 260
 REFERENCE_FILL, REFERENCE_STROKE = "#e0e0e0", "#616161"
@@ -29,15 +33,6 @@ FAILURE_COLOUR = "#c2185b"
 PALETTE = ("#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2",
            "#ff9da6", "#9d755d", "#bab0ac")  # Vega's tableau10, the default scheme
 PERCENTILES = ("p50", "p90", "p99")
-STARTUP_FACTS = {  # column -> header (Fig 1.1)
-    "vllm_version": "vLLM",
-    "model_runner": "runner",
-    "attention_backend": "attention",
-    "weights_gib": "weights (GiB)",
-    "kv_cache_gib": "KV cache (GiB)",
-    "kv_pool_tokens": "KV pool (tokens)",
-    "max_concurrency_x": "max concurrency (x)",
-}
 _CONTEXT = ("hardware", "model", "dataset", "input_len", "output_len", "prefix_len",
             "request_rate")
 _METRIC_NAMES = {"ttft": "Time to first token", "tpot": "Time per output token",
@@ -67,7 +62,7 @@ def axis_title(column: str) -> str:
     return f"{column} ({doc})" if doc else column
 
 
-def _fmt(value, unit: str = "") -> str:
+def fmt(value, unit: str = "") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "—"
     text = f"{round(float(value), 3):,}"
@@ -75,13 +70,13 @@ def _fmt(value, unit: str = "") -> str:
     return f"{text}×" if unit == "x" else f"{text} {unit}".strip()
 
 
-def _title(text: str, subtitle: Iterable[str] = ()) -> alt.TitleParams:
+def titled(text: str, subtitle: Iterable[str] = ()) -> alt.TitleParams:
     lines = [ln for ln in subtitle if ln]
     return alt.TitleParams(text, subtitle=lines or alt.Undefined, anchor="start",
                            subtitleColor="#555", fontSize=14)
 
 
-def _wrap(text: str, width: int = 70) -> list[str]:
+def wrap(text: str, width: int = 70) -> list[str]:
     return textwrap.wrap(text, width)
 
 
@@ -95,19 +90,21 @@ def _knobs(df: pd.DataFrame) -> list[str]:
     return [c for c in df.columns if c not in schema.COLUMN_NAMES and not c.startswith("_")]
 
 
-def _require(df: pd.DataFrame, *columns: str) -> None:
+def require(df: pd.DataFrame, *columns: str) -> None:
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise ValueError(f"results frame lacks columns {missing}")
 
 
-def _labelled(df: pd.DataFrame) -> pd.DataFrame:
-    """engine_label as strings, never missing (a row without one must still be shown)."""
-    return df.assign(engine_label=df["engine_label"].astype("string").fillna("(no label)"))
+def labelled(df: pd.DataFrame) -> pd.DataFrame:
+    """engine_label as a chart shows it (display_label), never missing (a row without one
+    must still be shown)."""
+    labels = df["engine_label"].astype("string").fillna("(no label)")
+    return df.assign(engine_label=labels.map(display_label).astype("string"))
 
 
 def _is_ok(df: pd.DataFrame) -> pd.Series:
-    return df["status"].astype("string").eq(schema.STATUS_OK).fillna(False).astype(bool)
+    return pd.Series(df.index.isin(ok_rows(df).index), index=df.index)
 
 
 def _labels(df: pd.DataFrame) -> list[str]:
@@ -176,7 +173,7 @@ def _not_plotted(df: pd.DataFrame, x: str, columns: Iterable[str]) -> pd.DataFra
 def _issue_note(issues: pd.DataFrame, x: str) -> str:
     lines = []
     for (reason, label), g in issues.groupby(["reason", "engine_label"], dropna=False):
-        at = ", ".join(_fmt(v) for v in sorted(g[x].dropna().unique()))
+        at = ", ".join(fmt(v) for v in sorted(g[x].dropna().unique()))
         lines.append(f"{reason}: {label}" + (f" ({x} {at})" if at else ""))
     return "\n".join(lines)
 
@@ -192,8 +189,8 @@ def _tooltip(frame: pd.DataFrame, x: str, first: Iterable[str]) -> list[alt.Tool
 def _measured(df: pd.DataFrame, x: str, series: Mapping[str, str], y_title: str,
               title: str, dash_title: str | None = None) -> alt.LayerChart:
     """Mean line per engine_label (and series), min–max bars, failures as crosses + a note."""
-    _require(df, "engine_label", "status", x, *series)
-    df = _labelled(df)
+    require(df, "engine_label", "status", x, *series)
+    df = labelled(df)
     ok = df[_is_ok(df)]
     agg = _aggregate(ok, x, series)
     issues = _not_plotted(df, x, series)
@@ -219,7 +216,7 @@ def _measured(df: pd.DataFrame, x: str, series: Mapping[str, str], y_title: str,
             align="left", baseline="top", lineBreak="\n", x=6, y=6, fontSize=11,
             color=FAILURE_COLOUR).encode(text="note:N"))
     return alt.layer(*layers).properties(
-        width=WIDTH, height=HEIGHT, title=_title(title, _context(ok, repeats)))
+        width=WIDTH, height=HEIGHT, title=titled(title, _context(ok, repeats)))
 
 
 def scaling(df: pd.DataFrame, y: str = "output_tok_s", x: str = "max_concurrency",
@@ -237,8 +234,8 @@ def overlay(frames: Mapping[str, pd.DataFrame], y: str = "output_tok_s",
         raise ValueError("overlay needs at least one experiment")
     parts = []
     for name, df in frames.items():
-        _require(df, "engine_label", "status", x, y)
-        parts.append(_labelled(df).assign(
+        require(df, "engine_label", "status", x, y)
+        parts.append(labelled(df).assign(
             engine_label=lambda d, n=name: n + " · " + d["engine_label"].astype(str)))
     names = " vs ".join(frames)
     return _measured(pd.concat(parts, ignore_index=True), x, {y: y}, axis_title(y),
@@ -274,24 +271,109 @@ def scaling_ratios(df: pd.DataFrame, metric: str, lo_users: int,
     return out
 
 
+# --- display labels -----------------------------------------------------------------------
+def _gib(v: Any) -> str:
+    return f"{float(v) / 2**30:.4g} GiB"
+
+
+def _spec(v: Any) -> str:
+    d = json.loads(v) if isinstance(v, str) else v
+    if not isinstance(d, dict):
+        return str(v)
+    depth = d.get("num_speculative_tokens")
+    return f"spec {d.get('method', '?')}" + (f" ×{depth}" if depth is not None else "")
+
+
+# knob -> how a label shows it where the raw value is unreadable (bytes, a JSON mapping); the
+# stored label keeps vLLM's names and raw values, and other knobs show as name=value.
+_HUMAN: dict[str, Callable[[Any], str]] = {
+    "kv_cache_memory_bytes": lambda v: f"KV pool {_gib(v)}",
+    "speculative_config": _spec,
+}
+_LABEL_PART = re.compile(r"(?:^|, )([a-z_]+)=")
+
+
+def display_label(label: str) -> str:
+    """An engine label as a chart shows it: ``kv_cache_memory_bytes=21474836480`` →
+    ``KV pool 20 GiB``; knobs without a rule keep ``name=value``."""
+    label = str(label)
+    marks = list(_LABEL_PART.finditer(label))
+    if not marks:
+        return label
+    parts = []
+    for m, nxt in zip(marks, [*marks[1:], None], strict=True):
+        value = label[m.end(): nxt.start() if nxt else len(label)]
+        fmt = _HUMAN.get(m[1])
+        try:
+            parts.append(fmt(value) if fmt else f"{m[1]}={value}")
+        except (TypeError, ValueError):
+            parts.append(f"{m[1]}={value}")
+    return ", ".join(parts)
+
+
+# --- declarative curves -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Curves:
+    """A chart by declaration, in the manner of vLLM's ``benchmarks/sweep/plot.py``: ``y``
+    against ``x``, one curve per value of ``curve_by``, rows kept by ``filter_by``. Several
+    ``y`` give one panel each. Failed runs are drawn as crosses and listed, as everywhere."""
+
+    y: str | tuple[str, ...] = "output_tok_s"
+    x: str = "max_concurrency"
+    curve_by: str = "engine_label"
+    filter_by: tuple[tuple[str, Any], ...] = ()  # (column, value or tuple of values)
+    title: str | None = None
+
+    @property
+    def ys(self) -> tuple[str, ...]:
+        return (self.y,) if isinstance(self.y, str) else tuple(self.y)
+
+
+def _filtered(df: pd.DataFrame, spec: Curves) -> pd.DataFrame:
+    for col, want in spec.filter_by:
+        if col not in df.columns:
+            return df.iloc[0:0]
+        values = want if isinstance(want, tuple | list) else (want,)
+        df = df[df[col].astype("string").isin([str(v) for v in values]).fillna(False)]
+    return df
+
+
+def curves(df: pd.DataFrame, spec: Curves) -> alt.TopLevelMixin:
+    """Draw ``spec`` from a results frame (any rows: only ok ones get a point)."""
+    df = _filtered(df, spec)
+    if spec.curve_by != "engine_label" and spec.curve_by in df.columns:
+        df = df.assign(engine_label=spec.curve_by + "="
+                       + df[spec.curve_by].astype("string").fillna("default"))
+    panels = [_measured(df, spec.x, {y: y}, axis_title(y), spec.title if spec.title and
+                        len(spec.ys) == 1 else
+                        f"{axis_title(y)} vs {axis_title(spec.x).split(' (')[0].lower()}")
+              for y in spec.ys]
+    return panels[0] if len(panels) == 1 else alt.hconcat(*panels).resolve_scale(
+        color="shared")
+
+
 # --- the manual ---------------------------------------------------------------------------
-def _reference_title(fig: str) -> str:
-    f = figure(fig)
-    return f"vLLM manual Fig {f.fig} — reference ({f.hardware or 'machine not named'}, {f.model})"
+def ref_text(r: Ref) -> str:
+    """A reference number as the manual states it: a qualifier (≈, >, ≤), the value with
+    thousands separators, the unit (× for a ratio)."""
+    q = {"=": "", "≈": "≈", ">": ">", "≤": "≤"}[r.qualifier]
+    v = f"{r.value:,.2f}".rstrip("0").rstrip(".") if r.value % 1 else f"{int(r.value):,}"
+    return f"{q}{v}{'×' if r.unit == 'x' else ' ' + r.unit}"
 
 
-def manual_panel(fig: str) -> alt.LayerChart:
+def manual_panel(fig: str, refs: Iterable[Ref], claim: str, note: str | None,
+                 hardware: str | None, model: str) -> alt.LayerChart:
     """The manual's numbers for one figure as labelled rows; grey dashed bars compare the
     numbers that share a unit (bar length is relative within the unit, so no axis)."""
-    f = figure(fig)
-    data = reference_frame([f.fig])
-    data["label"] = [
-        ("setting: " if r.kind == "setting" else "")
-        + _QUALIFIER[r.qualifier]
-        + _fmt(r.value, r.unit)
-        for r in data.itertuples()
-    ]
-    per_unit = data[data.kind == "result"].groupby("unit")["value"]
+    refs = list(refs)
+    data = pd.DataFrame([{"ref": r.name, "value": r.value, "unit": r.unit, "meaning": r.meaning,
+                          "qualifier": r.qualifier, "kind": r.kind, "source": SOURCE}
+                         for r in refs],
+                        columns=["ref", "value", "unit", "meaning", "qualifier", "kind",
+                                 "source"])
+    data["label"] = [("setting: " if r.kind == SETTING else "") + _QUALIFIER[r.qualifier]
+                     + fmt(r.value, r.unit) for r in refs]
+    per_unit = data[data.kind == RESULT].groupby("unit")["value"]
     count = per_unit.transform("count").reindex(data.index)  # NaN for settings
     share = (data["value"] / per_unit.transform("max")).reindex(data.index)
     data["bar"] = share.where(count > 1, 0.0)  # a bar only where two results share a unit
@@ -307,177 +389,78 @@ def manual_panel(fig: str) -> alt.LayerChart:
                          strokeWidth=1, height=14)
     text = base.mark_text(align="left", dx=5, fontStyle="italic", color=REFERENCE_STROKE
                           ).encode(text="label:N")
-    subtitle = [*_wrap(f.claim), *(_wrap(f.note) if f.note else []), SOURCE]
-    return alt.layer(bars, text).properties(
-        width=260, height=alt.Step(24), title=_title(_reference_title(f.fig), subtitle))
+    subtitle = [*wrap(claim), *(wrap(note) if note else []), SOURCE]
+    title = (f"vLLM manual Fig {fig} — reference ({hardware or 'machine not named'}, "
+             f"{model})")
+    return alt.layer(bars, text).properties(width=260, height=alt.Step(24),
+                                            title=titled(title, subtitle))
 
 
-def beside(measured: alt.TopLevelMixin, fig: str) -> alt.HConcatChart:
-    """A measured chart with the manual's reference panel for ``fig`` on its right."""
-    return alt.hconcat(measured, manual_panel(fig), spacing=40).resolve_scale(
+def beside(measured: alt.TopLevelMixin, panel: alt.TopLevelMixin) -> alt.HConcatChart:
+    """A measured chart with the manual's reference panel on its right."""
+    return alt.hconcat(measured, panel, spacing=40).resolve_scale(color="independent")
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """One ratio a figure claims, as the manual states it and as measured here."""
+
+    name: str  # axis label: "output 64 ÷ 1 users"
+    manual: float | None  # None: the manual states no such ratio
+    measured: Mapping[str, float]  # curve label -> measured ratio (NaN: not measured)
+    qualifier: str = "="
+
+
+def ratio_bars(ratios: Iterable[Ratio], title: str, subtitle: Iterable[str] = ()
+               ) -> alt.LayerChart:
+    """Grouped bars on one ratio axis: the manual's ratio (grey, reference) beside each
+    measured one; a dashed rule at 1× (no change). Absolute numbers from different machines
+    are not comparable; ratios are, so they lead."""
+    rows = []
+    for r in ratios:
+        if r.manual is not None:
+            rows.append({"ratio": r.name, "source": "manual (reference)", "value": r.manual,
+                         "label": _QUALIFIER[r.qualifier] + fmt(r.manual, "x")})
+        for curve, v in sorted(r.measured.items(), key=lambda kv: str(kv[0])):
+            ok = v is not None and math.isfinite(float(v))
+            rows.append({"ratio": r.name, "value": float(v) if ok else None,
+                         "source": "measured here" + (f" · {display_label(curve)}"
+                                                      if curve else ""),
+                         "label": fmt(v, "x") if ok else "not measured"})
+    data = pd.DataFrame(rows, columns=["ratio", "source", "value", "label"])
+    data["label_y"] = data["value"].fillna(0.0)
+    sources = list(dict.fromkeys(data["source"]))
+    colour = alt.Color("source:N", title=None, legend=alt.Legend(labelLimit=400,
+                                                                 orient="bottom", columns=1),
+                       scale=alt.Scale(domain=sources, range=[
+                           REFERENCE_FILL if s.startswith("manual") else PALETTE[i % 10]
+                           for i, s in enumerate(sources)]))
+    enc = dict(x=alt.X("ratio:N", title=None, sort=None,
+                       axis=alt.Axis(labelAngle=0, labelLimit=220)),
+               xOffset=alt.XOffset("source:N", sort=sources),
+               tooltip=["ratio", "source", "value", "label"])
+    bars = alt.Chart(data).mark_bar(stroke=REFERENCE_STROKE, strokeWidth=0.5).encode(
+        y=alt.Y("value:Q", title="ratio (×)"), color=colour, **enc)
+    text = alt.Chart(data).mark_text(dy=-5, fontSize=10).encode(
+        y="label_y:Q", text="label:N", **enc)
+    one = alt.Chart(pd.DataFrame({"one": [1.0]})).mark_rule(
+        strokeDash=[2, 2], color="#999").encode(y="one:Q")
+    return alt.layer(bars, text, one).properties(
+        width=alt.Step(max(40, 160 // max(1, len(sources)))), height=HEIGHT,
+        title=titled(title, [*subtitle, "grey: the manual's ratio (reference); colours: "
+                                        "measured here"]))
+
+
+def ratio_first(ratios: alt.TopLevelMixin, absolute: alt.TopLevelMixin | None,
+                panel: alt.TopLevelMixin) -> alt.VConcatChart | alt.HConcatChart:
+    """The layout of a ratio claim: measured ratio beside the manual's (and the manual's
+    panel) first; the absolute values below, second."""
+    top = beside(ratios, panel)
+    return top if absolute is None else alt.vconcat(top, absolute, spacing=30).resolve_scale(
         color="independent")
 
 
-def ratio_vs_manual(measured: Mapping[str, float | Mapping[str, float]],
-                    fig: str) -> alt.LayerChart:
-    """Grouped bars: a ratio measured here beside the manual's, per ref of ``fig``.
-
-    ``measured`` maps ref names of the figure (e.g. "output_ratio_64_vs_1") to a number, or
-    to {engine_label: number} as ``scaling_ratios`` returns. Empty: the figure's ratio refs,
-    nothing measured. NaN/None shows as "not measured".
-    """
-    f = figure(fig)
-    if not measured:
-        measured = {r.name: math.nan for r in f.results if r.unit == "x"}
-    rows = []
-    for name, value in measured.items():
-        ref = f.ref(name)
-        rows.append({"ref": name, "source": "manual (reference)", "value": ref.value,
-                     "label": _QUALIFIER[ref.qualifier] + _fmt(ref.value, ref.unit),
-                     "meaning": ref.meaning})
-        per_engine = value if isinstance(value, Mapping) else {None: value}
-        for label, v in sorted(per_engine.items(), key=lambda kv: str(kv[0])):
-            v = float(v) if v is not None else math.nan
-            rows.append({"ref": name, "value": v if math.isfinite(v) else None,
-                         "source": "measured here" + (f" · {label}" if label else ""),
-                         "label": _fmt(v, ref.unit) if math.isfinite(v) else "not measured",
-                         "meaning": ref.meaning})
-    data = pd.DataFrame(rows)
-    data["label_y"] = data["value"].fillna(0.0)
-    sources = list(dict.fromkeys(data["source"]))
-    units = sorted({f.ref(n).unit for n in measured})
-    colour = alt.Color("source:N", title=None, legend=alt.Legend(labelLimit=400), scale=alt.Scale(
-        domain=sources, range=[REFERENCE_FILL, *PALETTE][: len(sources)]))
-    enc = dict(x=alt.X("ref:N", title=None, axis=alt.Axis(labelAngle=0, labelLimit=220)),
-               xOffset=alt.XOffset("source:N", sort=sources),
-               tooltip=["ref", "source", "value", "meaning"])
-    y_title = "ratio (×)" if units == ["x"] else f"value ({', '.join(units)})"
-    bars = alt.Chart(data).mark_bar(stroke=REFERENCE_STROKE, strokeWidth=0.5).encode(
-        y=alt.Y("value:Q", title=y_title), color=colour, **enc)
-    text = alt.Chart(data).mark_text(dy=-5, fontSize=10).encode(
-        y="label_y:Q", text="label:N", **enc)
-    layers = [bars, text]
-    if units == ["x"]:
-        layers.append(alt.Chart(pd.DataFrame({"one": [1.0]})).mark_rule(
-            strokeDash=[2, 2], color="#999").encode(y="one:Q"))
-    return alt.layer(*layers).properties(
-        width=alt.Step(60), height=HEIGHT,
-        title=_title(f"Fig {f.fig}: measured here vs the manual's reference",
-                     [*_wrap(f.claim), SOURCE]))
-
-
-# --- start-up facts -----------------------------------------------------------------------
-def _fact_text(column: str, value) -> str:
-    if value is None or (not isinstance(value, str) and pd.isna(value)):
-        return "—"
-    if column == "kv_pool_tokens":
-        return f"{int(value):,}"
-    if column in ("weights_gib", "kv_cache_gib"):
-        return f"{float(value):.2f}"
-    if column == "max_concurrency_x":
-        return f"{float(value):.2f}×"
-    return str(value)
-
-
-def startup_table(df: pd.DataFrame) -> alt.Chart:
-    """Fig 1.1's six start-up facts (+ vLLM's max concurrency 'x') per engine config."""
-    _require(df, "engine_label")
-    facts = [c for c in STARTUP_FACTS if c in df.columns]
-    rows = []
-    for label, g in _labelled(df).groupby("engine_label", sort=True):
-        firsts = {c: (g[c].dropna().iloc[0] if g[c].notna().any() else None) for c in facts}
-        runs = g["status"].astype(str).value_counts() if "status" in g else pd.Series(dtype=int)
-        cells = {STARTUP_FACTS[c]: _fact_text(c, v) for c, v in firsts.items()}
-        cells["runs"] = ", ".join(f"{n} {s}" for s, n in runs.items()) or "—"
-        rows += [{"engine_label": label, "fact": k, "text": v} for k, v in cells.items()]
-    data = pd.DataFrame(rows, columns=["engine_label", "fact", "text"])
-    order = [*(STARTUP_FACTS[c] for c in facts), "runs"]
-    return alt.Chart(data).mark_text(align="center", fontSize=12).encode(
-        x=alt.X("fact:N", sort=order, title=None,
-                axis=alt.Axis(orient="top", labelAngle=0, labelLimit=160, ticks=False,
-                              domain=False)),
-        y=alt.Y("engine_label:N", title=None, axis=alt.Axis(labelLimit=300, ticks=False,
-                                                            domain=False)),
-        text="text:N",
-        color=alt.condition(alt.datum.text == "—", alt.value("#aaa"), alt.value("#222")),
-        tooltip=["engine_label", "fact", "text"],
-    ).properties(
-        width=alt.Step(125), height=alt.Step(24),
-        title=_title("Engine start-up facts per engine config (Fig 1.1)",
-                     ["first value over each config's runs, read from the engine log; "
-                      "— = not in the log"]))
-
-
-# --- chapters 1-2: processes, KV cache, memory -------------------------------------------
-# The manual's palette (front matter): blue = vLLM server, violet = model, green = KV cache,
-# rose = failure, grey = outside vLLM.
-ROLE_COLOUR = {"API server": "#4c78a8", "engine core": "#2f5d8a", "worker": "#8e6bbf",
-               "helper": "#9e9e9e", "other": "#bdbdbd"}
-
-
-def process_tree(tree: list[dict], title_note: str = "") -> alt.LayerChart:
-    """Fig 1.2: the engine's processes as a drawn tree (parent → child), one box each with
-    role, pid and title; a thick outline marks the process that holds the GPU."""
-    if not tree:
-        return alt.Chart(pd.DataFrame({"t": ["no process tree recorded"]})).mark_text(
-        ).encode(text="t:N").properties(width=WIDTH, height=60)
-    by_pid = {p["pid"]: p for p in tree}
-    depth: dict[int, int] = {}
-
-    def d(pid: int) -> int:
-        if pid not in depth:
-            parent = by_pid[pid]["ppid"]
-            depth[pid] = 0 if parent not in by_pid else d(parent) + 1
-        return depth[pid]
-
-    rows, row_of_depth = [], {}
-    for p in tree:  # psutil lists parents before their children
-        k = d(p["pid"])
-        row_of_depth[k] = row_of_depth.get(k, -1) + 1
-        rows.append({"pid": p["pid"], "ppid": p["ppid"], "x": k, "y": row_of_depth[k],
-                     "role": p["role"], "title": str(p.get("title", ""))[:38],
-                     "label": f"{p['role']} · pid {p['pid']}",
-                     "gpu": "holds the GPU" if p.get("holds_gpu") else "",
-                     "rss_gib": round(float(p.get("rss_gib") or 0), 2),
-                     "threads": p.get("threads")})
-    nodes = pd.DataFrame(rows)
-    nodes["title"] = nodes["title"].map(lambda t: t.rsplit("/", 1)[-1][:30])
-    nodes = nodes.assign(x0=nodes.x - 0.4, x1=nodes.x + 0.4, y0=nodes.y - 0.36,
-                         y1=nodes.y + 0.36)
-    pos = nodes.set_index("pid")[["x", "y"]]
-    edges = pd.DataFrame([{"x": pos.loc[r.ppid, "x"] + 0.4, "y": pos.loc[r.ppid, "y"],
-                           "x2": r.x - 0.4, "y2": r.y}
-                          for r in nodes.itertuples() if r.ppid in pos.index])
-    xs = alt.Scale(domain=[-0.5, nodes.x.max() + 0.5])
-    ys = alt.Scale(domain=[nodes.y.max() + 0.5, -0.5])
-    x = alt.X("x:Q", axis=None, scale=xs)
-    y = alt.Y("y:Q", axis=None, scale=ys)
-    layers = []
-    if len(edges):
-        layers.append(alt.Chart(edges).mark_rule(color="#888", strokeWidth=1.5).encode(
-            x=x, y=y, x2="x2:Q", y2="y2:Q"))
-    tips = ["role", "pid", "ppid", "title", "rss_gib", "threads", "gpu"]
-    roles = list(dict.fromkeys(nodes.role))
-    layers.append(alt.Chart(nodes).mark_rect(cornerRadius=6, opacity=0.92).encode(
-        x=alt.X("x0:Q", axis=None, scale=xs), x2="x1:Q",
-        y=alt.Y("y0:Q", axis=None, scale=ys), y2="y1:Q",
-        color=alt.Color("role:N", title="role", scale=alt.Scale(
-            domain=roles, range=[ROLE_COLOUR.get(r, "#bdbdbd") for r in roles])),
-        strokeWidth=alt.condition(alt.datum.gpu != "", alt.value(4), alt.value(0)),
-        stroke=alt.value(FAILURE_COLOUR), tooltip=tips))
-    base = alt.Chart(nodes).encode(x=x, y=y, tooltip=tips)
-    layers.append(base.mark_text(dy=-10, fontSize=12, fontWeight="bold", color="white"
-                                 ).encode(text="label:N"))
-    layers.append(base.mark_text(dy=6, fontSize=10, color="white").encode(text="title:N"))
-    layers.append(base.mark_text(dy=20, fontSize=10, color="#ffe0ec", fontWeight="bold"
-                                 ).encode(text="gpu:N"))
-    sub = ["parent → child, left to right; outline = holds the GPU (nvidia-smi)"]
-    return alt.layer(*layers).properties(
-        width=250 * (int(nodes.x.max()) + 1), height=80 * (int(nodes.y.max()) + 1),
-        title=_title("The engine's processes (Fig 1.2)", [*sub, *_wrap(title_note)]))
-
-
-def _ref_bars(data: pd.DataFrame, x: str, y: str, colour: str, x_title: str,
+def ref_bars(data: pd.DataFrame, x: str, y: str, colour: str, x_title: str,
               title: str, subtitle: Iterable[str], fmt: str = ",.0f") -> alt.LayerChart:
     """Horizontal bars where rows whose ``colour`` starts with 'manual' are grey reference."""
     sources = list(dict.fromkeys(data[colour]))
@@ -492,101 +475,7 @@ def _ref_bars(data: pd.DataFrame, x: str, y: str, colour: str, x_title: str,
     text = alt.Chart(data).mark_text(align="left", dx=4, fontSize=10).encode(
         text=alt.Text(f"{x}:Q", format=fmt), **enc)
     return alt.layer(bars, text).properties(width=WIDTH, height=alt.Step(22),
-                                            title=_title(title, subtitle))
-
-
-def kv_bytes(table: pd.DataFrame) -> alt.LayerChart:
-    """Fig 2.1: KiB of KV cache per token — config formula, the engine's own pool, the manual."""
-    data = table.assign(row=lambda d: d["model"] + " · KV " + d["kv_cache_dtype"].astype(str)
-                        + " · " + d["source"])
-    return _ref_bars(data, "kib_per_token", "row", "source", "KiB of KV cache per token",
-                     "KV cache per token (Fig 2.1)",
-                     ["formula: 2 × layers × KV heads × head_dim × dtype bytes (config.json); "
-                      "engine: KV GiB ÷ pool tokens", SOURCE], fmt=",.4~g")
-
-
-def users_fit(table: pd.DataFrame) -> alt.LayerChart:
-    """Fig 2.2: users that fit the measured pool, at the full context and at 640 tokens."""
-    ref = figure("2.2")
-    rows = [{"row": "manual · full context", "users": ref.ref("users_fit_full_context").value,
-             "source": "manual (reference), pool 24,096 tokens"},
-            {"row": "manual · 640 tokens each", "users": ref.ref("users_fit_640_tokens").value,
-             "source": "manual (reference), pool 24,096 tokens"}]
-    for r in table.itertuples():
-        src = f"measured: {r.engine_label} (pool {r.kv_pool_tokens:,})"
-        rows += [{"row": f"{r.engine_label} · full context ({r.max_model_len:,})",
-                  "users": r.users_fit_full_context, "source": src},
-                 {"row": f"{r.engine_label} · 640 tokens each", "users": r.users_fit_640_tokens,
-                  "source": src}]
-    return _ref_bars(pd.DataFrame(rows), "users", "row", "source", "users that fit the pool",
-                     "Users that fit the KV pool (Fig 2.2)",
-                     ["pool ÷ tokens per user (full context = max_model_len); log scale off",
-                      SOURCE], fmt=",.2f")
-
-
-PART_COLOUR = {"weights": "#8e6bbf", "activation peak": "#d4a6c8", "non-torch": "#9e9e9e",
-               "CUDA graphs": "#b279a2", "KV cache": "#54a24b"}
-
-
-def memory_budget(table: pd.DataFrame) -> alt.LayerChart:
-    """Fig 2.4: what vLLM took, stacked by part, against total × gpu_memory_utilization."""
-    if table.empty:
-        return alt.Chart(pd.DataFrame({"t": ["no memory budget line in these logs"]})
-                         ).mark_text().encode(text="t:N").properties(width=WIDTH, height=40)
-    parts = list(PART_COLOUR)
-    y = alt.Y("engine_label:N", title=None, axis=alt.Axis(labelLimit=300))
-    bars = alt.Chart(table).mark_bar().encode(
-        y=y, x=alt.X("sum(gib):Q", title="GiB"),
-        color=alt.Color("part:N", sort=parts, scale=alt.Scale(
-            domain=parts, range=list(PART_COLOUR.values())), legend=alt.Legend(orient="bottom")),
-        order=alt.Order("part_order:Q"), tooltip=["engine_label", "part", "gib"]
-    ).transform_calculate(part_order=f"indexof({parts!r}, datum.part)")
-    lim = table.drop_duplicates("engine_label")
-    budget = alt.Chart(lim).mark_tick(color="#111", thickness=3, size=30).encode(
-        y=y, x="budget_gib:Q", tooltip=["budget_gib", "fraction"])
-    total = alt.Chart(lim).mark_tick(color=FAILURE_COLOUR, thickness=2, size=30).encode(
-        y=y, x="total_gib:Q", tooltip=["total_gib"])
-    f = figure("2.4")
-    return alt.layer(bars, budget, total).properties(
-        width=WIDTH + 120, height=alt.Step(40),
-        title=_title("Memory vLLM took, by part (Fig 2.4)",
-                     ["black tick: total × gpu_memory_utilization (vLLM's budget); "
-                      "red tick: the device's memory",
-                      f"manual (reference): {f.ref('vllm_memory_gib').value} of "
-                      f"{f.ref('unified_memory_gib').value} GiB at 0.75 on a DGX Spark", SOURCE]))
-
-
-def tokens_per_gib(table: pd.DataFrame) -> alt.LayerChart:
-    """Fig 2.5: KV tokens per GiB by KV cache dtype, measured pools beside the manual."""
-    f = figure("2.5")
-    rows = [{"row": "manual · KV BF16", "tokens_per_gib": f.ref("tokens_per_gib_bf16").value,
-             "source": "manual (reference, Qwen3-8B)"},
-            {"row": "manual · KV FP8", "tokens_per_gib": f.ref("tokens_per_gib_fp8").value,
-             "source": "manual (reference, Qwen3-8B)"}]
-    for r in table.itertuples():
-        rows.append({"row": f"{r.engine_label}", "tokens_per_gib": r.tokens_per_gib,
-                     "source": f"measured · KV {r.kv_cache_dtype}"})
-    return _ref_bars(pd.DataFrame(rows), "tokens_per_gib", "row", "source",
-                     "tokens per GiB of KV cache", "KV tokens per GiB (Fig 2.5)",
-                     ["from the measured pool: tokens ÷ KV GiB", SOURCE])
-
-
-def failed_starts(table: pd.DataFrame) -> alt.Chart:
-    """Fig 2.3 as a table: config → what went wrong → what to change."""
-    rows = []
-    for r in table.itertuples():
-        rows += [{"engine_label": r.engine_label, "col": "what went wrong", "text": r.error},
-                 {"engine_label": r.engine_label, "col": "change", "text": r.error_hint}]
-    data = pd.DataFrame(rows, columns=["engine_label", "col", "text"])
-    data["text"] = data["text"].fillna("—").map(lambda t: _wrap(str(t), 60))
-    return alt.Chart(data).mark_text(align="left", fontSize=11, lineBreak="\n").encode(
-        x=alt.X("col:N", sort=["what went wrong", "change"], title=None,
-                axis=alt.Axis(orient="top", labelAngle=0)),
-        y=alt.Y("engine_label:N", title=None, axis=alt.Axis(labelLimit=320)),
-        text="text:N", color=alt.value(FAILURE_COLOUR),
-    ).properties(width=alt.Step(380), height=alt.Step(70),
-                 title=_title("Failed starts, diagnosed (Fig 2.3)",
-                              ["the engine log line that explains each is in the table below"]))
+                                            title=titled(title, subtitle))
 
 
 # --- export -------------------------------------------------------------------------------
@@ -639,6 +528,7 @@ def offline_html(chart: alt.TopLevelMixin) -> str:
 
 
 __all__ = [
-    "axis_title", "beside", "latency_percentiles", "manual_panel", "offline_html", "overlay",
-    "ratio_vs_manual", "save_chart", "save_spec", "scaling", "scaling_ratios", "startup_table",
+    "Curves", "Ratio", "axis_title", "beside", "curves", "display_label", "latency_percentiles",
+    "manual_panel", "offline_html", "overlay", "ratio_bars", "ratio_first", "ref_bars",
+    "ref_text", "save_chart", "save_spec", "scaling", "scaling_ratios",
 ]

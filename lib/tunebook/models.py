@@ -76,7 +76,6 @@ _QWEN3_DENSE: dict[str, Any] = {
 PRESETS: dict[str, dict] = {
     "qwen3-8b": {
         "description": "Qwen3-8B: dense, 36 layers, GQA 32 query / 8 KV heads",
-        "reference_kv_bytes_per_token": 144 * 1024,  # quoted in the vLLM manual
         "config": {
             **_QWEN3_DENSE,
             "hidden_size": 4096,
@@ -88,7 +87,6 @@ PRESETS: dict[str, dict] = {
     },
     "qwen3-30b-a3b": {
         "description": "Qwen3-30B-A3B: MoE, 48 layers, 128 experts (8 active), 4 KV heads",
-        "reference_kv_bytes_per_token": 96 * 1024,  # quoted in the vLLM manual
         "config": {
             **_QWEN3_COMMON,
             "architectures": ["Qwen3MoeForCausalLM"],
@@ -111,7 +109,6 @@ PRESETS: dict[str, dict] = {
     "qwen1.5-110b": {
         "description": "Qwen1.5-110B: dense, 80 layers, hidden 8192 — about 207 GiB of BF16 "
                        "weights, more than one 141 GB GPU holds (Fig 2.3's weights that don't fit)",
-        "reference_kv_bytes_per_token": None,
         "config": {
             "architectures": ["Qwen2ForCausalLM"],
             "model_type": "qwen2",
@@ -140,7 +137,6 @@ PRESETS: dict[str, dict] = {
     },
     "qwen3-tiny": {
         "description": "Tiny Qwen3 (2 layers, hidden 128) with the real vocabulary, for CPU tests",
-        "reference_kv_bytes_per_token": None,
         "config": {
             **_QWEN3_DENSE,
             "head_dim": 32,

@@ -14,23 +14,13 @@ from typing import Any
 
 import pandas as pd
 
-from tunebook import claims, figures, report
+from tunebook import claims, config, figures, report
 from tunebook import params as P
+from tunebook.figures.ch01_engine import startup_facts
 from tunebook.store import not_ok_rows, ok_rows
 from tunebook.sweep import Sweep, SweepResult
 
-FACT_COLUMNS = ["engine_label", "vllm_version", "model_runner", "attention_backend",
-                "weights_gib", "kv_cache_gib", "kv_pool_tokens", "max_concurrency_x",
-                "startup_s", "hardware"]
-
-
-def startup_facts(df: pd.DataFrame) -> pd.DataFrame:
-    """Fig 1.1 from a results table: one row per engine config with an ok run."""
-    ok = ok_rows(df)
-    if ok.empty:
-        return pd.DataFrame(columns=FACT_COLUMNS)
-    return ok.drop_duplicates("engine_config_id")[FACT_COLUMNS].reset_index(drop=True)
-
+__all__ = ["Workbook", "open", "startup_facts"]
 
 @dataclass
 class Workbook:
@@ -42,6 +32,15 @@ class Workbook:
     def plan(self) -> str:
         return self.sweep.describe()
 
+    def header(self) -> str:
+        """One markdown line: what this notebook runs and where its results go (a path
+        relative to the project, so a shared report shows no machine's layout)."""
+        p = self.params
+        return (f"**Experiment** `{p.experiment}` — model `{p.model}`, "
+                f"{len(p.engine_grid)} engine config(s) × {len(p.load.users)} load point(s) "
+                f"× {p.repeats} repeat(s). Results: "
+                f"`{config.display_path(self.sweep.store.root)}`")
+
     def run(self) -> SweepResult | None:
         """Run (or resume) the sweep. In a dry run, print the plan and start nothing."""
         if self.dry_run:
@@ -51,7 +50,7 @@ class Workbook:
         self.result = self.sweep.run()
         r = self.result
         print(f"{r.ok} run(s) ok, {r.failed} not ok, {r.skipped} already done "
-              f"→ {self.sweep.store.root}")
+              f"→ {config.display_path(self.sweep.store.root)}")
         return r
 
     def table(self) -> pd.DataFrame:
@@ -74,16 +73,27 @@ class Workbook:
     def evidence(self) -> claims.Evidence:
         return claims.load_evidence(self.sweep.store.root)
 
-    def figure(self, fig: str) -> None:
+    def figure(self, fig: str, ev: claims.Evidence | None = None) -> None:
         """Display Fig ``fig``: the verdict line, then the measured chart beside the manual's
         claim — or only the verdict when the figure cannot run on this machine."""
         from IPython.display import Markdown, display
 
-        ev = self.evidence()
-        display(Markdown(figures.verdict_markdown(figures.verdict(ev, fig))))
-        c = figures.chart(ev, fig)
+        ev = ev or self.evidence()
+        claim = figures.verdict(ev, fig)
+        display(Markdown(figures.verdict_markdown(claim)))
+        c = figures.chart(ev, fig, claim)
         if c is not None:
             display(c)
+
+    def figures(self) -> None:
+        """Every figure the params target, each under its title and narrative."""
+        from IPython.display import Markdown, display
+
+        ev = self.evidence()
+        for fig in self.params.figures:
+            unit = figures.get(fig)
+            display(Markdown(f"### Fig {fig} — {unit.title}\n{unit.narrative}"))
+            self.figure(fig, ev)
 
     def claims(self) -> pd.DataFrame:
         """The claims table of this experiment (see tunebook.claims)."""
