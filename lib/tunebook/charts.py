@@ -436,7 +436,7 @@ def ratio_bars(ratios: Iterable[Ratio], title: str, subtitle: Iterable[str] = ()
                            REFERENCE_FILL if s.startswith("manual") else PALETTE[i % 10]
                            for i, s in enumerate(sources)]))
     enc = dict(x=alt.X("ratio:N", title=None, sort=None,
-                       axis=alt.Axis(labelAngle=0, labelLimit=220)),
+                       axis=alt.Axis(labelAngle=0, labelLimit=320)),
                xOffset=alt.XOffset("source:N", sort=sources),
                tooltip=["ratio", "source", "value", "label"])
     bars = alt.Chart(data).mark_bar(stroke=REFERENCE_STROKE, strokeWidth=0.5).encode(
