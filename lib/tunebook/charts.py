@@ -446,7 +446,8 @@ def ratio_bars(ratios: Iterable[Ratio], title: str, subtitle: Iterable[str] = ()
     one = alt.Chart(pd.DataFrame({"one": [1.0]})).mark_rule(
         strokeDash=[2, 2], color="#999").encode(y="one:Q")
     return alt.layer(bars, text, one).properties(
-        width=alt.Step(max(40, 160 // max(1, len(sources)))), height=HEIGHT,
+        width=int(min(640, max(200, 44 * data["ratio"].nunique() * len(sources)))),
+        height=HEIGHT,
         title=titled(title, [*subtitle, "grey: the manual's ratio (reference); colours: "
                                         "measured here"]))
 
