@@ -97,3 +97,66 @@ def test_parse_override_is_yaml() -> None:
     assert P.parse_override("[1,2]") == [1, 2]
     assert P.parse_override("true") is True
     assert P.parse_override("qwen3-8b") == "qwen3-8b"
+
+
+# -- figures, prompts and context length: caught before any engine starts ---------------------
+
+
+def test_figures_must_be_the_manuals(tmp_path: Path) -> None:
+    from tunebook.manual import FIGURES
+
+    e = _err(tmp_path, "experiment: x\nmodel: qwen3-tiny\nfigures: ['1.1', '9.9', 3.1]\n")
+    assert [k for k, _ in e.problems] == ["figures[1]"]
+    assert "unknown figure '9.9'" in str(e) and ", ".join(FIGURES) in str(e)
+    p = P.load(_write(tmp_path, "experiment: x\nmodel: qwen3-tiny\nfigures: ['1.1', 3.1]\n"))
+    assert p.figures == ("1.1", "3.1")
+
+
+@pytest.mark.parametrize("path", sorted(PARAMS.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_params_fit_the_default_caps(path: Path) -> None:
+    """max_prompts is sized so every shipped sweep passes with room to spare."""
+    p = P.load(path)
+    sent = p.load.prompts_sent() * len(p.engine_grid) * p.repeats
+    assert p.max_prompts == P.DEFAULT_MAX_PROMPTS and sent * 10 <= p.max_prompts
+
+
+def test_the_prompts_cap_names_what_blew_it_up_and_can_be_raised(tmp_path: Path) -> None:
+    base = "experiment: x\nmodel: qwen3-tiny\nengine: {max_model_len: 1024}\n"
+    cases = {
+        "load: {users: [100000000]}\n": "load.users",
+        "load: {users: [1, 2], prompts_per_user: 100000}\n": "load.prompts_per_user",
+        "load: {users: [1], num_prompts: 200000}\n": "load.num_prompts",
+        "load: {users: [1], num_warmups: 200000}\n": "load.num_warmups",
+        "load: {users: [1], num_prompts: 200}\nrepeats: 500\n": "repeats",
+    }
+    for text, key in cases.items():
+        e = _err(tmp_path, base + text)
+        assert [k for k, _ in e.problems] == [key], (text, e.problems)
+        assert "max_prompts=100,000" in str(e) and "raise max_prompts deliberately" in str(e)
+    p = P.load(_write(tmp_path, base + "load: {users: [1], num_prompts: 200000}\n"
+                                       "max_prompts: 300000\n"))
+    assert p.max_prompts == 300_000 and P.parse(p.to_dict()).max_prompts == 300_000
+
+
+def test_requests_must_fit_the_models_context(tmp_path: Path) -> None:
+    # a preset's config: qwen3-tiny has max_position_embeddings 4096
+    e = _err(tmp_path, "experiment: x\nmodel: qwen3-tiny\nload: {input_len: 4000, "
+                       "output_len: 100}\n")
+    assert [k for k, _ in e.problems] == ["load.input_len"]
+    assert "4,100 exceeds the context length of qwen3-tiny (4,096 tokens" in str(e)
+    P.load(_write(tmp_path, "experiment: x\nmodel: qwen3-tiny\nload: {input_len: 3000}\n"))
+    # max_model_len set: that is the limit (checked as before), not the model's
+    P.load(_write(tmp_path, "experiment: x\nmodel: qwen3-tiny\nengine: {max_model_len: 8192}\n"
+                            "load: {input_len: 5000}\n"))
+    # a local folder's config.json
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"max_position_embeddings": 2048, "n_positions": 1024}')
+    e = _err(tmp_path, f"experiment: x\nmodel: {folder}\nload: {{input_len: 1000, "
+                       "output_len: 100}\n")
+    assert "1,100 exceeds the context length" in str(e) and "(1,024 tokens" in str(e)
+    # rope scaling stretches the context: not checked offline, nor is a hub id
+    (folder / "config.json").write_text('{"max_position_embeddings": 1024, '
+                                        '"rope_scaling": {"rope_type": "yarn", "factor": 4}}')
+    P.load(_write(tmp_path, f"experiment: x\nmodel: {folder}\nload: {{input_len: 3000}}\n"))
+    P.load(_write(tmp_path, "experiment: x\nmodel: Qwen/Qwen3-8B\nload: {input_len: 900000}\n"))

@@ -446,7 +446,7 @@ def ratio_bars(ratios: Iterable[Ratio], title: str, subtitle: Iterable[str] = ()
     one = alt.Chart(pd.DataFrame({"one": [1.0]})).mark_rule(
         strokeDash=[2, 2], color="#999").encode(y="one:Q")
     return alt.layer(bars, text, one).properties(
-        width=int(min(640, max(200, 44 * data["ratio"].nunique() * len(sources)))),
+        width=int(min(600, max(200, 44 * data["ratio"].nunique() * len(sources)))),
         height=HEIGHT,
         title=titled(title, [*subtitle, "grey: the manual's ratio (reference); colours: "
                                         "measured here"]))

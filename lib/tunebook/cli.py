@@ -12,7 +12,11 @@ from typing import Any
 
 from tunebook import config
 from tunebook import params as P
+from tunebook.models import PRESETS, ModelNotFoundError, resolve_model
+from tunebook.schema import SchemaVersionError
 
+# Subcommands import the heavy modules they need (sweep, report, claims: pandas, altair,
+# papermill) themselves, so `tunebook --help` and a bad-params error answer at once.
 EXIT_OK, EXIT_FAILED_RUNS, EXIT_BAD_PARAMS, EXIT_LOCKED = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143  # 128 + SIGINT / SIGTERM, as shells report them
 
@@ -44,8 +48,6 @@ def preflight(path: Path, overrides: dict[str, Any] | None = None) -> P.SweepPar
     file and the key `model`. Presets always resolve; building one is left to the real run
     (it writes a cache folder), so a dry run stays free of side effects.
     """
-    from tunebook.models import PRESETS, ModelNotFoundError, resolve_model
-
     params = P.load(path, overrides)
     problems = []
     specs = {"model": params.model} | {f"engine_grid[{i}].model": g["model"]
@@ -74,7 +76,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """Validate, then execute the params' notebook with papermill and render its HTML."""
     from tunebook import report
-    from tunebook.models import resolve_model
+    from tunebook.store import not_ok_rows
     from tunebook.sweep import Sweep
 
     params = preflight(args.params, _overrides(args.param))
@@ -108,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"tunebook: the notebook stopped at cell {e.exec_count}: {e.ename}: {e.evalue}",
               file=sys.stderr)
     df = sweep.store.table()
-    failed = int((df["status"] != "ok").sum()) if len(df) else 0
+    failed = len(not_ok_rows(df))
     print(f"executed notebook: {ipynb}")
     print(f"results: {sweep.store.root / 'results.parquet'}  ({len(df)} runs, {failed} not ok)")
     try:
@@ -134,10 +136,12 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """The sweep alone, no notebook (what the notebook calls)."""
+    from tunebook import index
     from tunebook.sweep import Sweep
 
     _wait(args)  # before the Sweep reads it
-    sweep = Sweep(_load(args), args.outputs or config.outputs_dir(), progress=not args.quiet)
+    sweep = Sweep(_load(args), args.outputs or config.outputs_dir(), progress=not args.quiet,
+                  on_finish=index.rebuild)
     if args.dry_run:
         print(sweep.describe())
         return EXIT_OK
@@ -149,8 +153,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_claims(args: argparse.Namespace) -> int:
     from tunebook import claims
+    from tunebook.store import find_experiments
 
-    roots = claims.experiments_under(args.root) if args.root.is_dir() else []
+    roots = find_experiments(args.root, max_depth=1) if args.root.is_dir() else []
     if not roots:
         print(f"tunebook: no experiment folders (with runs/) under {args.root}", file=sys.stderr)
         return EXIT_BAD_PARAMS
@@ -171,7 +176,6 @@ def _index(outputs: Path) -> Path | None:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-
     return EXIT_OK if _index(args.outputs or config.outputs_dir()) else EXIT_BAD_PARAMS
 
 
@@ -273,13 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tunebook.models import ModelNotFoundError
     from tunebook.sweep import SweepLockedError, Terminated
 
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (P.ParamsError, ModelNotFoundError) as e:
+    except (P.ParamsError, ModelNotFoundError, SchemaVersionError) as e:
         print(f"tunebook: {e}", file=sys.stderr)
         return EXIT_BAD_PARAMS
     except SweepLockedError as e:

@@ -32,7 +32,9 @@ from typing import Any
 import psutil
 
 from tunebook import config
-from tunebook.models import ModelRef
+from tunebook import knobs as knob_table
+from tunebook.hardware import machine
+from tunebook.models import ModelRef, weights_gib_estimate
 from tunebook.startup import Diagnosis, StartupFacts, diagnose, parse_startup, strip_ansi
 
 HOST = "127.0.0.1"
@@ -91,19 +93,9 @@ def port_is_free(port: int) -> bool:
 
 
 def knob_flags(knobs: dict[str, Any]) -> list[str]:
-    """vLLM flags for engine knobs. None means "vLLM's default": no flag."""
-    argv: list[str] = []
-    for key, value in knobs.items():
-        if value is None:
-            continue
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            argv.append(flag if value else "--no-" + key.replace("_", "-"))
-        elif isinstance(value, dict | list):
-            argv += [flag, json.dumps(value, sort_keys=True)]
-        else:
-            argv += [flag, str(value)]
-    return argv
+    """vLLM flags for engine knobs (tunebook.knobs renders them). None means "vLLM's
+    default": no flag."""
+    return knob_table.argv(knobs)
 
 
 def build_argv(model: ModelRef, knobs: dict[str, Any], port: int,
@@ -311,9 +303,6 @@ class Engine:
 
     def _fail(self, *, timed_out: bool = False, exit_code: int | None = None) -> None:
         text = self.log_text()
-        from tunebook.hardware import machine
-        from tunebook.models import weights_gib_estimate
-
         weights = (weights_gib_estimate(self.model.config, str(self.knobs.get("dtype", "auto")),
                                         self.knobs.get("quantization"))
                    if self.model.config else None)

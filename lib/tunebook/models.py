@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "weights_gib_estimate",
+    "context_len",
     "KV_LAYOUT_NOTE",
     "PRESETS",
     "ModelNotFoundError",
@@ -454,6 +455,39 @@ def resolve_model(spec: str, root: Path | None = None) -> ModelRef:
     if _HUB_ID.fullmatch(spec):
         return ModelRef(spec, spec, spec, "auto")
     raise _not_found(spec, f"it is not a preset, there is no folder {local}, nor is it a hub id")
+
+
+# The config keys vLLM derives its default max_model_len from (the smallest one present wins;
+# model_max_length, when set, overrides): vLLM 0.32's derive_max_model_len_and_key.
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                 "model_max_length", "max_target_positions", "max_sequence_length",
+                 "max_seq_length", "seq_len")
+
+
+def context_len(spec: str) -> int | None:
+    """The longest request (prompt + output tokens) vLLM allows this model by default, read
+    offline and without side effects: a preset's config, or a local folder's config.json.
+    None when it cannot be told here: a hub id, an unreadable config, or rope scaling (which
+    lets vLLM stretch the context beyond these keys)."""
+    if spec in PRESETS:
+        cfg: Any = PRESETS[spec]["config"]
+    else:
+        path = Path(spec).expanduser() / "config.json"
+        try:
+            cfg = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        except (OSError, ValueError):
+            return None
+    if not isinstance(cfg, dict):
+        return None
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    for rope in (text.get("rope_scaling"), text.get("rope_parameters")):
+        if isinstance(rope, dict) and rope.get("factor") not in (None, 1, 1.0):
+            return None
+    if isinstance(text.get("model_max_length"), int):
+        return text["model_max_length"]
+    found = [text[k] for k in _CONTEXT_KEYS
+             if isinstance(text.get(k), int) and not isinstance(text.get(k), bool)]
+    return min(found) if found else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,22 +21,17 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from tunebook import index, report
 from tunebook import params as P
+from tunebook.knobs import PANEL_KNOBS, PANEL_SPEC_METHODS
 from tunebook.models import PRESETS
 from tunebook.plan import Plan, make_plan
 from tunebook.store import Store, stamp, write_new
 from tunebook.sweep import EngineKeeper, Sweep, SweepResult
 
-# Engine knobs the panel offers (vLLM's names). "vLLM default" leaves the knob out entirely,
+# The engine knobs the panel offers, and their choices, are tunebook.knobs' (PANEL_KNOBS,
+# PANEL_SPEC_METHODS). "vLLM default" (or 0 in a number field) leaves the knob out entirely,
 # so vLLM picks, exactly as a params file without the key would.
-INT_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
-CHOICE_KNOBS: dict[str, tuple[Any, ...]] = {
-    "kv_cache_dtype": ("auto", "fp8"),
-    "quantization": ("fp8",),
-    "enforce_eager": (True, False),
-    "enable_prefix_caching": (True, False),
-}
-SPEC_METHODS = ("ngram", "eagle", "eagle3", "mtp", "suffix")
 LOAD_INTS = ("input_len", "output_len", "prefix_len", "prompts_per_user", "num_warmups")
 DEFAULT = "vLLM default"
 
@@ -135,7 +130,7 @@ class TunePanel:
         """Sweep the current params; reuses the running engine if its config is unchanged."""
         params = self.params()
         sweep = Sweep(params, self.outputs, progress=progress, keeper=self.keeper,
-                      on_result=self._on_result)
+                      on_result=self._on_result, on_finish=index.rebuild)
         done = sweep.done()  # reads every run file: once, not once per planned run
         self._status(f"running {len(sweep.plan.runs)} run(s): "
                      f"{sum(r.run_id not in done for r in sweep.plan.runs)} to do")
@@ -166,7 +161,7 @@ class TunePanel:
 
     def chart(self):  # -> alt.HConcatChart
         """Output tok/s and median TPOT vs users, one line per engine config."""
-        import altair as alt
+        import altair as alt  # late, with charts and workbook: altair takes seconds to import
 
         from tunebook import charts
 
@@ -214,18 +209,19 @@ class TunePanel:
         w["experiment"] = W.Text(description="experiment", layout=lay, style=style)
         w["model"] = W.Combobox(description="model", options=sorted(PRESETS), layout=lay,
                                 style=style, ensure_option=False)
-        for k in INT_KNOBS:
-            w[f"engine.{k}"] = W.IntText(description=f"{k} (0 = default)", layout=lay,
-                                         style=style)
-        w["engine.gpu_memory_utilization"] = W.FloatText(
-            description="gpu_memory_utilization (0 = default)", layout=lay, style=style)
-        for k, options in CHOICE_KNOBS.items():
-            w[f"engine.{k}"] = W.Dropdown(
-                description=k, options=[(DEFAULT, None), *[(str(o), o) for o in options]],
-                layout=lay, style=style)
-        w["spec.method"] = W.Dropdown(description="speculative method",
-                                      options=[("none", None), *[(m, m) for m in SPEC_METHODS]],
-                                      layout=lay, style=style)
+        for knob in PANEL_KNOBS:
+            if knob.panel == "choice":
+                options = [(DEFAULT, None), *[(str(o), o) for o in knob.panel_choices]]
+                w[f"engine.{knob.name}"] = W.Dropdown(description=knob.name, options=options,
+                                                      layout=lay, style=style)
+            else:
+                text = W.IntText if knob.panel == "int" else W.FloatText
+                w[f"engine.{knob.name}"] = text(description=f"{knob.name} (0 = default)",
+                                                layout=lay, style=style)
+        w["spec.method"] = W.Dropdown(
+            description="speculative method",
+            options=[("none", None), *[(m, m) for m in PANEL_SPEC_METHODS]],
+            layout=lay, style=style)
         w["spec.k"] = W.BoundedIntText(description="num_speculative_tokens", min=1, max=16,
                                        value=3, layout=lay, style=style)
         w["engine_env"] = W.Textarea(description="engine_env (YAML)", layout=W.Layout(
@@ -275,8 +271,7 @@ class TunePanel:
         stop.on_click(lambda _: self.stop_engine())
         save.on_click(on_save)
         engine_box = W.VBox([w["experiment"], w["model"],
-                             *[w[f"engine.{k}"] for k in (*INT_KNOBS, "gpu_memory_utilization",
-                                                          *CHOICE_KNOBS)],
+                             *[w[f"engine.{k.name}"] for k in PANEL_KNOBS],
                              w["spec.method"], w["spec.k"], w["engine_env"]])
         load_box = W.VBox([w["load.dataset"], w["load.users"], w["load.request_rates"],
                            *[w[f"load.{k}"] for k in LOAD_INTS], w["repeats"]])
@@ -294,11 +289,12 @@ class TunePanel:
         w["experiment"].value = str(d["experiment"])
         w["model"].value = str(d["model"])
         eng = d["engine"]
-        for k in INT_KNOBS:
-            w[f"engine.{k}"].value = int(eng.get(k) or 0)
-        w["engine.gpu_memory_utilization"].value = float(eng.get("gpu_memory_utilization") or 0)
-        for k in CHOICE_KNOBS:
-            _choose(w[f"engine.{k}"], eng.get(k))
+        for knob in PANEL_KNOBS:
+            widget, value = w[f"engine.{knob.name}"], eng.get(knob.name)
+            if knob.panel == "choice":
+                _choose(widget, value)
+            else:
+                widget.value = (int if knob.panel == "int" else float)(value or 0)
         spec = eng.get("speculative_config") or {}
         _choose(w["spec.method"], spec.get("method"))
         w["spec.k"].value = int(spec.get("num_speculative_tokens", 3))
@@ -317,12 +313,10 @@ class TunePanel:
         d["experiment"] = w["experiment"].value.strip()
         d["model"] = w["model"].value.strip()
         eng = d["engine"]
-        for k in INT_KNOBS:
-            _set_or_drop(eng, k, w[f"engine.{k}"].value or None)
-        _set_or_drop(eng, "gpu_memory_utilization",
-                     w["engine.gpu_memory_utilization"].value or None)
-        for k in CHOICE_KNOBS:
-            _set_or_drop(eng, k, w[f"engine.{k}"].value)
+        for knob in PANEL_KNOBS:
+            value = w[f"engine.{knob.name}"].value
+            # a number field's 0 means "vLLM default"; a dropdown's None does
+            _set_or_drop(eng, knob.name, value if knob.panel == "choice" else value or None)
         method = w["spec.method"].value
         _set_or_drop(eng, "speculative_config", {
             "method": method, "num_speculative_tokens": int(w["spec.k"].value)} if method else None)
@@ -389,8 +383,6 @@ def _set_or_drop(d: dict, key: str, value: Any) -> None:
 def panel(params_file: str | Path, overrides: dict[str, Any] | None = None,
           outputs: str | Path = "../outputs") -> TunePanel:
     """The notebook's entry point: a panel initialised from a params file."""
-    from tunebook import report
-
     report.enable_offline_charts()
     return TunePanel(P.load(params_file, overrides or {}), outputs)
 

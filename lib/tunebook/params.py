@@ -27,15 +27,20 @@ import itertools
 import math
 import re
 import reprlib
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-# The largest plan we accept without `max_runs` being raised explicitly: a typo such as
-# users: [1..1000000] should fail here, not after a week of benchmarking.
+from tunebook import knobs, models
+
+# The largest plan we accept without `max_runs` / `max_prompts` being raised explicitly: a typo
+# such as users: [1..1000000] or users: [100000000] should fail here, not after a week of
+# benchmarking. The shipped params send at most ~600 prompts; a big GPU sweep a few 10,000s.
 DEFAULT_MAX_RUNS = 500
+DEFAULT_MAX_PROMPTS = 100_000
 
 # A params file is a few KiB; these limits stop runaway or hostile files before they cost time.
 MAX_FILE_BYTES = 64 * 1024
@@ -48,49 +53,16 @@ ENV_NAME_RE = re.compile(r"^VLLM_[A-Z0-9_]+$")
 # Environment variables that could carry secrets never go through params.
 SECRET_ENV_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 
-KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
-QUANTIZATIONS = ("fp8", "awq", "gptq", "bitsandbytes", "compressed-tensors", "modelopt", "mxfp4")
-DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
-SPEC_METHODS = ("ngram", "eagle", "eagle3", "medusa", "mtp", "draft_model", "suffix")
 DATASETS = ("random", "random_prefix", "prefix_repetition")
+# Engine knobs, their types and allowed values: tunebook.knobs (one table).
 
-# knob -> (python type(s), check, what is allowed). Names are vLLM's own.
-_POS_INT = (int, lambda v: v > 0, "a positive integer")
-_FRACTION = ((int, float), lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 0.9 for 90%")
-_BOOL = (bool, None, "true or false")
-_DICT = (dict, None, "a mapping")
-ENGINE_KNOBS: dict[str, tuple[Any, Any, str]] = {
-    "max_num_seqs": _POS_INT,
-    "max_num_batched_tokens": _POS_INT,
-    "max_model_len": _POS_INT,
-    "gpu_memory_utilization": _FRACTION,
-    "kv_cache_memory_bytes": _POS_INT,
-    "block_size": _POS_INT,
-    "tensor_parallel_size": _POS_INT,
-    "pipeline_parallel_size": _POS_INT,
-    "seed": (int, lambda v: v >= 0, "a non-negative integer"),
-    "dtype": (str, lambda v: v in DTYPES, f"one of {DTYPES}"),
-    "quantization": (str, lambda v: v in QUANTIZATIONS, f"one of {QUANTIZATIONS}"),
-    "kv_cache_dtype": (str, lambda v: v in KV_CACHE_DTYPES, f"one of {KV_CACHE_DTYPES}"),
-    "enforce_eager": _BOOL,
-    "enable_prefix_caching": _BOOL,
-    "enable_chunked_prefill": _BOOL,
-    "async_scheduling": _BOOL,
-    "speculative_config": _DICT,
-    "compilation_config": _DICT,
-    "attention_backend": (str, lambda v: bool(re.fullmatch(r"[A-Z0-9_]+", v)), "e.g. FLASH_ATTN"),
-    # Not a flag: an engine_grid entry may swap the model (compare models in one experiment).
-    "model": (str, lambda v: bool(v.strip()), "a preset, a local folder or a hub id"),
-}
-
-# Knobs with these types are rendered as vLLM flags by tunebook.engine.
 LOAD_KEYS = (
     "dataset", "users", "request_rates", "input_len", "output_len", "prefix_len",
     "num_prefixes", "prompts_per_user", "min_prompts", "num_prompts", "num_warmups",
 )
 TOP_KEYS = (
     "experiment", "notebook", "model", "description", "engine", "engine_grid", "engine_env",
-    "load", "repeats", "max_runs", "startup_timeout_s", "run_timeout_s", "figures",
+    "load", "repeats", "max_runs", "max_prompts", "startup_timeout_s", "run_timeout_s", "figures",
 )
 
 
@@ -121,6 +93,15 @@ class LoadParams:
     num_prompts: int | None = None  # fixed count; overrides prompts_per_user
     num_warmups: int = 1
 
+    def prompts(self, users: int) -> int:
+        """Measured prompts of the load point at ``users`` concurrent users."""
+        return self.num_prompts or max(self.min_prompts, users * self.prompts_per_user)
+
+    def prompts_sent(self) -> int:
+        """Prompts one pass over ``users`` x ``request_rates`` sends, warm-ups included."""
+        per_rate = sum(self.prompts(u) + self.num_warmups for u in self.users)
+        return per_rate * len(self.request_rates)
+
 
 @dataclass(frozen=True)
 class SweepParams:
@@ -134,6 +115,7 @@ class SweepParams:
     load: LoadParams = field(default_factory=LoadParams)
     repeats: int = 1
     max_runs: int = DEFAULT_MAX_RUNS
+    max_prompts: int = DEFAULT_MAX_PROMPTS
     startup_timeout_s: float = 900.0
     run_timeout_s: float = 1800.0
     figures: tuple[str, ...] = ()
@@ -153,6 +135,7 @@ class SweepParams:
             "load": load,
             "repeats": self.repeats,
             "max_runs": self.max_runs,
+            "max_prompts": self.max_prompts,
             "startup_timeout_s": self.startup_timeout_s,
             "run_timeout_s": self.run_timeout_s,
             "figures": list(self.figures),
@@ -360,6 +343,7 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
     description = v.get(data, "description", str, default="")
 
     max_runs = v.number(data, "max_runs", int, DEFAULT_MAX_RUNS, lo=1)
+    max_prompts = v.number(data, "max_prompts", int, DEFAULT_MAX_PROMPTS, lo=1)
     engine = v.get(data, "engine", dict, default={})
     engine = v.knobs(engine, "engine") if isinstance(engine, dict) else {}
     grid = _engine_grid(v, data.get("engine_grid", [{}]), max_runs)
@@ -370,9 +354,7 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
     repeats = v.number(data, "repeats", int, 1, lo=1)
     startup_timeout_s = v.number(data, "startup_timeout_s", (int, float), 900.0, lo=1)
     run_timeout_s = v.number(data, "run_timeout_s", (int, float), 1800.0, lo=1)
-    figures = v.get(data, "figures", list, default=[])
-    if isinstance(figures, list) and not all(isinstance(f, str | int | float) for f in figures):
-        v.err("figures", "must be a list of figure numbers such as '1.3'")
+    figures = _figures(v, v.get(data, "figures", list, default=[]))
 
     # Cross-field checks, on each engine config as it will run; a problem of the shared
     # `engine` knobs is reported once, under `engine`.
@@ -382,23 +364,13 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
     base = _engine_problems(engine)
     for sub, msg in base:
         v.err(f"engine.{sub}", msg)
-    too_short: dict[int, list[int]] = {}
-    need = 0
-    if load_ok:
-        need = load_params.prefix_len + load_params.input_len + load_params.output_len
     for i, override in enumerate(grid):
         merged = {**engine, **override}
         for sub, msg in _engine_problems(merged):
             if (sub, msg) not in base:
                 v.err(f"engine_grid[{i}].{sub}", msg)
-        mml = merged.get("max_model_len")
-        if isinstance(mml, int) and need > mml:
-            too_short.setdefault(mml, []).append(i)
-    for mml, configs in too_short.items():
-        which = "" if len(grid) == 1 else f" (engine config {', '.join(map(str, configs))})"
-        v.err("load.input_len", f"prefix_len + input_len + output_len = {need} exceeds "
-                                f"max_model_len {mml}{which}: shorten the requests or raise "
-                                "max_model_len")
+    if load_ok and isinstance(model, str) and model.strip():
+        _context_checks(v, model.strip(), engine, grid, load_params)
     if load_params is not None and isinstance(repeats, int) and isinstance(max_runs, int):
         factors = {"engine_grid": len(grid), "load.users": len(load_params.users),
                    "load.request_rates": len(load_params.request_rates), "repeats": repeats}
@@ -408,13 +380,92 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
                   f"the plan has {len(grid)} engine configs x {len(load_params.users)} users x "
                   f"{len(load_params.request_rates)} rates x {repeats} repeats = {n:,} runs, "
                   f"over max_runs={max_runs}; narrow it or raise max_runs deliberately")
+        elif load_ok and isinstance(max_prompts, int):
+            _prompts_check(v, load_params, len(grid), repeats, max_prompts)
     v.raise_if_any()
     return SweepParams(
         experiment=experiment, model=model.strip(), notebook=notebook, description=description,
         engine=engine, engine_grid=tuple(grid), engine_env=engine_env, load=load_params,
-        repeats=repeats, max_runs=max_runs, startup_timeout_s=float(startup_timeout_s),
-        run_timeout_s=float(run_timeout_s), figures=tuple(str(f) for f in figures), source=source,
+        repeats=repeats, max_runs=max_runs, max_prompts=max_prompts,
+        startup_timeout_s=float(startup_timeout_s), run_timeout_s=float(run_timeout_s),
+        figures=figures, source=source,
     )
+
+
+def _figures(v: _Validator, raw: list) -> tuple[str, ...]:
+    """Figure ids such as '1.3', each one the manual has (tunebook.manual.FIGURES)."""
+    if not raw:
+        return ()
+    if not all(isinstance(f, str | int | float) and not isinstance(f, bool) for f in raw):
+        v.err("figures", "must be a list of figure numbers such as '1.3'")
+        return ()
+    from tunebook.manual import FIGURES  # late: the manual's tables import pandas (~1 s)
+
+    out = []
+    for i, f in enumerate(raw):
+        fig = str(f)
+        if fig not in FIGURES:
+            v.err(f"figures[{i}]", f"unknown figure {fig!r}; the manual's figures are "
+                                   f"{', '.join(FIGURES)}")
+        out.append(fig)
+    return tuple(out)
+
+
+def _context_checks(v: _Validator, model: str, engine: dict[str, Any],
+                    grid: list[dict[str, Any]], load: LoadParams) -> None:
+    """Each request (prefix + input + output tokens) must fit the engine config's
+    max_model_len or, when that is left to vLLM, the model's own context length (known
+    offline for a preset or a local folder; a hub id is not checked)."""
+    need = load.prefix_len + load.input_len + load.output_len
+    too_long: dict[str, list[int]] = {}  # what it exceeds -> the engine configs
+    for i, override in enumerate(grid):
+        merged = {**engine, **override}
+        mml = merged.get("max_model_len")
+        if isinstance(mml, int):
+            if need > mml:
+                too_long.setdefault(f"max_model_len {mml}", []).append(i)
+            continue
+        spec = merged.get("model", model)
+        ctx = models.context_len(spec) if isinstance(spec, str) else None
+        if ctx is not None and need > ctx:
+            what = f"the context length of {spec} ({ctx:,} tokens, from its config.json)"
+            too_long.setdefault(what, []).append(i)
+    for what, configs in too_long.items():
+        which = "" if len(grid) == 1 else f" (engine config {', '.join(map(str, configs))})"
+        fix = ("raise max_model_len" if what.startswith("max_model_len")
+               else "pick a model with a longer context")
+        v.err("load.input_len", f"prefix_len + input_len + output_len = {need:,} exceeds "
+                                f"{what}{which}: shorten the requests or {fix}")
+
+
+def _prompts_check(v: _Validator, load: LoadParams, n_engines: int, repeats: int,
+                   max_prompts: int) -> None:
+    """The prompts a plan sends, over every run, warm-ups included, must stay under
+    max_prompts. The key named is the one whose default (or smallest sensible value) would
+    shrink the total most: the one that blew it up."""
+    def total(ld: LoadParams, engines: int = n_engines, reps: int = repeats) -> int:
+        return ld.prompts_sent() * engines * reps
+
+    n = total(load)
+    if n <= max_prompts:
+        return
+    d = LoadParams()
+    shrunk = {
+        "load.users": total(replace(load, users=(1,))),
+        "load.num_prompts": total(replace(load, num_prompts=None)),
+        "load.prompts_per_user": total(replace(load, prompts_per_user=d.prompts_per_user)),
+        "load.min_prompts": total(replace(load, min_prompts=d.min_prompts)),
+        "load.num_warmups": total(replace(load, num_warmups=d.num_warmups)),
+        "load.request_rates": total(replace(load, request_rates=(None,))),
+        "engine_grid": total(load, engines=1),
+        "repeats": total(load, reps=1),
+    }
+    key = min(shrunk, key=lambda k: shrunk[k])  # ties: the first listed (users, then counts)
+    runs = n_engines * repeats * len(load.users) * len(load.request_rates)
+    largest = max(load.prompts(u) for u in load.users)
+    v.err(key, f"the plan sends {n:,} prompts (num_prompts + num_warmups over {runs:,} run(s); "
+               f"the largest run sends {largest:,}), over max_prompts={max_prompts:,}; "
+               f"narrow {key} or raise max_prompts deliberately")
 
 
 # --------------------------------------------------------------------------------------------
@@ -562,16 +613,17 @@ def _int_list(v: _Validator, raw: Any, key: str) -> list[int]:
     return out
 
 
-def _engine_problems(knobs: dict[str, Any]) -> list[tuple[str, str]]:
+def _engine_problems(cfg: dict[str, Any]) -> list[tuple[str, str]]:
     """Cross-field rules vLLM would otherwise only report after a minute of start-up, as
     (knob key, message) pairs."""
     out = []
-    spec = knobs.get("speculative_config")
+    spec = cfg.get("speculative_config")
     if isinstance(spec, dict):
         method = spec.get("method")
-        if method not in SPEC_METHODS:
+        methods = knobs.SPEC_METHODS
+        if method not in methods:
             out.append(("speculative_config.method",
-                        f"must be one of {SPEC_METHODS}, got {_short(method)}"))
+                        f"must be one of {tuple(methods)}, got {_short(method)}"))
         n = spec.get("num_speculative_tokens")
         if n is None:
             out.append(("speculative_config.num_speculative_tokens",
@@ -579,17 +631,17 @@ def _engine_problems(knobs: dict[str, Any]) -> list[tuple[str, str]]:
         elif isinstance(n, bool) or not isinstance(n, int) or n <= 0:
             out.append(("speculative_config.num_speculative_tokens",
                         f"must be a positive integer (tokens drafted per step), got {_short(n)}"))
-        if method in ("eagle", "eagle3", "medusa", "draft_model") and not spec.get("model"):
+        if method in methods and methods[method].needs_draft_model and not spec.get("model"):
             out.append(("speculative_config.model",
                         f"method {method!r} needs a draft model (a hub id or local folder)"))
-    mnbt, mml = knobs.get("max_num_batched_tokens"), knobs.get("max_model_len")
-    if knobs.get("enable_chunked_prefill") is False and isinstance(mnbt, int) \
+    mnbt, mml = cfg.get("max_num_batched_tokens"), cfg.get("max_model_len")
+    if cfg.get("enable_chunked_prefill") is False and isinstance(mnbt, int) \
             and isinstance(mml, int) and mnbt < mml:
         out.append(("max_num_batched_tokens",
                     f"{mnbt} < max_model_len {mml} with chunked prefill off: vLLM refuses this; "
                     "raise it to at least max_model_len or turn chunked prefill on"))
-    if knobs.get("gpu_memory_utilization") is not None \
-            and knobs.get("kv_cache_memory_bytes") is not None:
+    if cfg.get("gpu_memory_utilization") is not None \
+            and cfg.get("kv_cache_memory_bytes") is not None:
         out.append(("kv_cache_memory_bytes", "conflicts with gpu_memory_utilization: vLLM "
                                              "sizes the KV cache by one or the other; keep one"))
     return out
@@ -617,13 +669,8 @@ def _short(x: Any) -> str:
 
 def _knob_problem(k: str, val: Any) -> str | None:
     """What is wrong with engine knob `k` set to `val` (None = vLLM's default is fine)."""
-    if val is None:
-        return None
-    typ, check, allowed = ENGINE_KNOBS[k]
-    bad_bool = isinstance(val, bool) and typ is not bool
-    if bad_bool or not isinstance(val, typ) or (check is not None and not check(val)):
-        return f"must be {allowed}, got {_tname(val)} {_short(val)}"
-    return None
+    knob = knobs.KNOBS[k]
+    return None if knob.accepts(val) else f"must be {knob.allowed}, got {_tname(val)} {_short(val)}"
 
 
 class _Validator:
@@ -640,7 +687,7 @@ class _Validator:
         if self.problems:
             raise ParamsError(self.source, self.problems)
 
-    def unknown(self, data: dict, allowed: tuple[str, ...] | dict, prefix: str) -> None:
+    def unknown(self, data: dict, allowed: Collection[str], prefix: str) -> None:
         for k in data:
             if k not in allowed:
                 near = difflib.get_close_matches(str(k).replace("-", "_"), list(allowed), n=1)
@@ -679,10 +726,10 @@ class _Validator:
         return val
 
     def knobs(self, data: dict, prefix: str, types: bool = True) -> dict[str, Any]:
-        self.unknown(data, ENGINE_KNOBS, prefix)
+        self.unknown(data, knobs.KNOBS, prefix)
         out = {}
         for k, val in data.items():
-            if k not in ENGINE_KNOBS:
+            if k not in knobs.KNOBS:
                 continue
             problem = _knob_problem(k, val) if types else None
             if problem:

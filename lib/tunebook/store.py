@@ -112,20 +112,26 @@ class Store:
         return write_new(self.runs_dir / f"{row['run_id']}__{stamp()}.json", data)
 
     def records(self) -> Iterable[dict[str, Any]]:
-        """Every attempt on disk, oldest first. Unreadable files are skipped, not fatal."""
+        """Every attempt on disk, oldest first, its row read as this code's schema version
+        (older rows migrated; a newer one raises schema.SchemaVersionError). Unreadable files
+        are skipped, not fatal."""
         if not self.runs_dir.is_dir():
             return
         for p in sorted(self.runs_dir.glob("*.json")):
             try:
-                yield json.loads(p.read_text())
+                record = json.loads(p.read_text())
             except (OSError, ValueError):
                 continue  # a half-written file can only be a temp file; those are .tmp
+            if isinstance(record, dict) and isinstance(record.get("row"), dict):
+                record["row"] = schema.upgrade(record["row"], source=str(p))
+            yield record
 
     def rows(self) -> list[dict[str, Any]]:
         return [r["row"] for r in self.records() if isinstance(r, dict) and "row" in r]
 
     def finished_run_ids(self) -> set[str]:
-        """Runs with an `ok` attempt: resume skips these."""
+        """Runs with an `ok` attempt, whatever vLLM made it (resume asks tunebook.plan.Resume,
+        which also weighs the vLLM version)."""
         return {r["run_id"] for r in self.rows() if r.get("status") == schema.STATUS_OK}
 
     def table(self, latest_only: bool = True) -> pd.DataFrame:

@@ -5,13 +5,15 @@ Guarantees (see README "When things go wrong"):
 - an engine config that cannot start becomes recorded `engine_failed` rows with the log line
   that explains it, and the sweep goes on;
 - Ctrl-C / SIGTERM mark the run in flight `interrupted`, stop the engine, then propagate;
-- resume = run the same params again: runs with an `ok` attempt are skipped.
+- resume = run the same params again: runs with an `ok` attempt made with the installed vLLM
+  version are skipped; one made with another version is run again (see tunebook.plan.Resume).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import signal
 import sys
@@ -29,7 +31,7 @@ from tunebook.engine import Engine, EngineStartError
 from tunebook.load import bench_argv, fresh_seed, metrics_row, request_arrays, run_bench
 from tunebook.models import ModelRef, resolve_model
 from tunebook.params import SweepParams
-from tunebook.plan import EngineConfig, Plan, PlannedRun, make_plan
+from tunebook.plan import EngineConfig, Plan, PlannedRun, Resume, make_plan
 from tunebook.store import Store, replace_atomic, stamp, utc_now, write_new
 
 
@@ -181,18 +183,22 @@ class EngineKeeper:
 
 
 class Sweep:
-    """Runs a plan into a store. `on_result(row)` is called after each saved run; with a
-    `keeper` the last engine stays up for the next sweep (see EngineKeeper)."""
+    """Runs a plan into a store. `on_result(row)` is called after each saved run, and
+    `on_finish(store)` once the sweep ends, however it ends (e.g. `tunebook.index.rebuild`,
+    which never raises); with a `keeper` the last engine stays up for the next sweep (see
+    EngineKeeper)."""
 
     def __init__(self, params: SweepParams, outputs: Path | str | None = None,
                  progress: bool = True, on_result: Callable[[dict], None] | None = None,
                  retry_failed: bool = True, wait_s: float | None = None,
-                 keeper: EngineKeeper | None = None):
+                 keeper: EngineKeeper | None = None,
+                 on_finish: Callable[[Store], object] | None = None):
         self.params = params
         self.plan = make_plan(params)
         self.store = Store(Path(outputs or config.outputs_dir()) / params.experiment)
         self.progress = progress
         self.on_result = on_result
+        self.on_finish = on_finish
         self.retry_failed = retry_failed
         self.keeper = keeper
         # How long to wait for another sweep holding the machine (`--wait` sets the env var,
@@ -200,13 +206,18 @@ class Sweep:
         self.wait_s = wait_s if wait_s is not None else config.wait_s()
 
     # -- what would run -------------------------------------------------------------------
+    def resume(self) -> Resume:
+        """What the store settles for this plan under the installed vLLM (reads every run
+        file once). With retry_failed=False any attempt counts, not only an ok one."""
+        statuses = (schema.STATUS_OK,) if self.retry_failed else None
+        return Resume.from_rows(self.store.rows(), hardware.vllm_version(), statuses)
+
     def done(self) -> set[str]:
-        if self.retry_failed:
-            return self.store.finished_run_ids()
-        return {r["run_id"] for r in self.store.rows()}
+        """Run ids resume skips: done with the installed vLLM version."""
+        return set(self.resume().done)
 
     def describe(self) -> str:
-        return self.plan.describe(self.done())
+        return self.plan.describe(self.resume())
 
     # -- running ----------------------------------------------------------------------------
     def run(self) -> SweepResult:
@@ -221,22 +232,25 @@ class Sweep:
             try:
                 return self._run(models)
             finally:
-                from tunebook import index  # late: index reads results through claims
-
-                index.rebuild(self.store.root.parent)
+                if self.on_finish is not None:
+                    self.on_finish(self.store)
 
     def _record_inputs(self) -> None:
         s = stamp()
         params_text = yaml.safe_dump(self.params.to_dict(), sort_keys=False)
         write_new(self.store.root / "inputs" / f"params__{s}.yaml", params_text.encode())
-        import json
-
         replace_atomic(self.store.root / "plan.json",
                        json.dumps(self.plan.to_dict(), indent=1, default=str).encode())
 
     def _run(self, models: dict[str, ModelRef]) -> SweepResult:
-        done = self.done()
-        todo = [r for r in self.plan.runs if r.run_id not in done]
+        resume = self.resume()
+        todo = [r for r in self.plan.runs if r.run_id not in resume.done]
+        rerun = [r for r in todo if r.run_id in resume.rerun]
+        if rerun:  # said, not silent: these have ok results, from another vLLM
+            old = sorted({v or "unrecorded" for r in rerun for v in resume.rerun[r.run_id]})
+            print(f"{self.params.experiment}: {len(rerun)} run(s) done with vLLM "
+                  f"{', '.join(old)} run again under the installed vLLM {resume.installed}",
+                  file=sys.stderr)
         result = SweepResult(self.store, self.plan, skipped=len(self.plan.runs) - len(todo))
         bar = _progress(len(todo), f"{self.params.experiment}", self.progress)
         try:

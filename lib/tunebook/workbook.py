@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from tunebook import claims, config, figures, report
+from tunebook import claims, config, figures, index, report
 from tunebook import params as P
 from tunebook.figures.ch01_engine import startup_facts
 from tunebook.store import not_ok_rows, ok_rows
@@ -118,5 +118,5 @@ def open(params_file: str | Path, overrides: dict[str, Any] | None = None,  # no
          progress: bool = True) -> Workbook:
     params = P.load(params_file, overrides or {})
     report.enable_offline_charts()
-    sweep = Sweep(params, Path(outputs).resolve(), progress=progress)
+    sweep = Sweep(params, Path(outputs).resolve(), progress=progress, on_finish=index.rebuild)
     return Workbook(params, sweep, dry_run=dry_run)
