@@ -4,7 +4,17 @@ from pathlib import Path
 
 import pytest
 
-from tunebook.startup import diagnose, parse_startup
+from tunebook.startup import (
+    RULES,
+    Diagnosis,
+    FailedStart,
+    diagnose,
+    final_exception_lines,
+    get_rule,
+    parse_startup,
+    rule,
+    rule_table,
+)
 
 LOGS = Path(__file__).parent / "data" / "logs"
 
@@ -141,3 +151,118 @@ def test_cpu_kv_allocation_failures(requested: str, expect: str) -> None:
             f"less than requested memory for kv ({requested} GiB). Reduce CPU memory used.")
     d = diagnose(line, {"gpu_memory_utilization": 0.01})
     assert d.setting == expect and d.suggested is not None
+
+
+# --- the rule table (Fig 2.3 now, Fig 7.1 later) and the generic fallback -------------------
+def test_model_path_not_a_folder_quotes_the_exception() -> None:
+    """A start that fails for a reason no rule foresees: the last traceback's final line
+    (HFValidationError), not the ulimit WARNING that merely mentions `OSError`. The fixture
+    is written in the shape of the real vLLM 0.26 log (same prefixes, frames and warning),
+    not captured verbatim."""
+    d = diagnose(_log("vllm-0.26.0-model-path-not-a-folder.log"), exit_code=1)
+    assert d.line == ("(APIServer pid=3121) huggingface_hub.errors.HFValidationError: Repo id "
+                      "must be in the form 'repo_name' or 'namespace/repo_name': "
+                      "'/root/x/models/qwen3-8b'. Use `repo_type` argument if needed.")
+    assert d.error == "the engine exited during start-up (exit code 1)" and d.setting is None
+    assert get_rule("exited").apply(FailedStart.from_log(_log(
+        "vllm-0.26.0-model-path-not-a-folder.log"))) == diagnose(
+        _log("vllm-0.26.0-model-path-not-a-folder.log"))
+
+
+def test_fallback_skips_the_api_servers_wrapper() -> None:
+    """The API server re-raises "See root cause above": the cause is the engine core's."""
+    log = "\n".join([
+        "(APIServer pid=1) WARNING 12-03 09:12:04 [system_utils.py:299] Found ulimit of 1024 "
+        "and failed to automatically increase with error current limit exceeds maximum limit.",
+        "(EngineCore pid=2) ERROR 12-03 09:12:09 [core.py:1330] EngineCore failed to start.",
+        "(EngineCore pid=2) ERROR 12-03 09:12:09 [core.py:1330] Traceback (most recent call "
+        "last):",
+        '(EngineCore pid=2) ERROR 12-03 09:12:09 [core.py:1330]   File "core.py", line 9, in f',
+        "(APIServer pid=1) INFO 12-03 09:12:09 [api_server.py:1] interleaved line",
+        "(EngineCore pid=2) ERROR 12-03 09:12:09 [core.py:1330]     raise KeyError(k)",
+        "(EngineCore pid=2) ERROR 12-03 09:12:09 [core.py:1330] KeyError: 'rope_theta'",
+        "(APIServer pid=1) Traceback (most recent call last):",
+        '(APIServer pid=1)   File "utils.py", line 1272, in wait_for_engine_startup',
+        "(APIServer pid=1)     raise RuntimeError(",
+        "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause "
+        "above. Failed core proc(s): {}",
+    ])
+    start = FailedStart.from_log(log)
+    assert [ln.rsplit(" ", 2)[-2:] for ln in final_exception_lines(start)] == [
+        ["KeyError:", "'rope_theta'"], ["proc(s):", "{}"]]
+    assert diagnose(log).line.endswith("KeyError: 'rope_theta'")
+
+
+def test_warning_lines_are_never_the_cause() -> None:
+    log = ("(APIServer pid=1) WARNING 12-03 09:12:04 [x.py:1] could raise `OSError: [Errno 24]`\n"
+           "(APIServer pid=1) INFO 12-03 09:12:05 [x.py:2] shutting down\n")
+    assert diagnose(log).line == "(APIServer pid=1) INFO 12-03 09:12:05 [x.py:2] shutting down"
+
+
+def test_rule_table_is_ordered_and_listable() -> None:
+    names = [r.name for r in RULES]
+    assert len(names) == len(set(names))
+    assert names[-2:] == ["timed_out", "exited"]  # the generic ones last
+    assert names.index("max_model_len") < names.index("no_cache_memory")
+    rows = rule_table()
+    assert [r["rule"] for r in rows] == names
+    assert all(r["symptom"] and set(r) == {"rule", "symptom", "log_line", "setting", "computes"}
+               for r in rows)
+    mml = next(r for r in rows if r["rule"] == "max_model_len")
+    assert mml["setting"] == "max_model_len" and "estimated maximum model length" in (
+        mml["log_line"] or "")
+
+
+@pytest.mark.parametrize("name,text,knobs,setting,value", [
+    ("max_model_len", "estimated maximum model length is 7281", {}, "max_model_len", 7280),
+    ("no_cache_memory", "ValueError: No available memory for the cache blocks",
+     {"gpu_memory_utilization": 0.3}, "gpu_memory_utilization", 0.4),
+    ("cpu_kv_nothing_left", "Available memory on node 0 (20.5/23.4 GiB) on kv cache allocation"
+     " is less than requested memory for kv (-0.9/0.08 GiB)", {}, "gpu_memory_utilization",
+     0.09),  # (0.08 asked + 0.9 held + 1 GiB) / 23.4 GiB = 0.0846, rounded up
+    ("cpu_kv_over_free", "Available memory on node 0 (20.5/23.4 GiB) on kv cache allocation"
+     " is less than requested memory for kv (40.0 GiB)", {}, "VLLM_CPU_KVCACHE_SPACE", 16),
+    ("out_of_memory", "torch.OutOfMemoryError: CUDA out of memory", {}, "quantization", "fp8"),
+    ("fp8_kv_on_cpu", "FP8 KV cache on CPU requires x86 with AVX-512 or AMX.", {},
+     "kv_cache_dtype", "auto"),
+    ("worker_refused", "RuntimeError: Worker failed with error 'no AMX', please check", {},
+     None, None),
+    ("port_taken", "OSError: [Errno 98] Address already in use", {}, None, None),
+    ("bad_flag", "api_server.py: error: unrecognized arguments: --x", {}, None, None),
+    ("missing_module", "ModuleNotFoundError: No module named 'vllm._C'", {}, None, None),
+])
+def test_each_rule_alone(name: str, text: str, knobs: dict, setting: str | None,
+                         value: object) -> None:
+    r = get_rule(name)
+    d = r.diagnose(text, knobs)
+    assert d is not None and d.line == text and (d.setting, d.suggested) == (setting, value)
+    assert diagnose(text, knobs) == d  # and the table as a whole picks the same rule
+    assert r.diagnose("INFO nothing to see") is None
+
+
+def test_pattern_less_rules_read_the_start() -> None:
+    assert get_rule("timed_out").diagnose("loading...") is None
+    assert get_rule("timed_out").diagnose("loading...", timed_out=True).setting == (
+        "startup_timeout_s")
+    assert get_rule("cpu_kv_nothing_left").diagnose(
+        "Available memory on node 0 (2/8 GiB) on kv cache allocation is less than requested "
+        "memory for kv (4.0 GiB)") is None  # a positive request is the next rule's
+
+
+def test_a_new_rule_lands_before_the_fallbacks() -> None:
+    before = list(RULES)
+    try:
+        @rule("ulimit_too_low", r"Too many open files \(errno 24\) while loading",
+              symptom="the engine ran out of file descriptors", setting="ulimit -n",
+              computes="65536")
+        def _fd(line: str | None, start: FailedStart) -> Diagnosis:
+            return Diagnosis("the engine ran out of file descriptors", line, "ulimit -n 65536",
+                             "ulimit -n", 65536)
+
+        assert [r.name for r in RULES][-3:] == ["ulimit_too_low", "timed_out", "exited"]
+        d = diagnose("Too many open files (errno 24) while loading shards", exit_code=1)
+        assert d.setting == "ulimit -n" and d.suggested == 65536
+        with pytest.raises(ValueError, match="already registered"):
+            rule("ulimit_too_low", symptom="again")(_fd)
+    finally:
+        RULES[:] = before

@@ -32,6 +32,12 @@ def _add_common(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--outputs", type=Path, default=None, help="outputs root (default outputs/)")
 
 
+def _add_no_input(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--no-input", action="store_true",
+                    help="hide the code cells in the HTML report: narrative, figures and "
+                         "verdicts only (the executed notebook keeps everything)")
+
+
 def _wait(args: argparse.Namespace) -> None:
     if getattr(args, "wait", None):
         os.environ["TUNEBOOK_WAIT_S"] = str(args.wait)
@@ -114,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"executed notebook: {ipynb}")
     print(f"results: {sweep.store.root / 'results.parquet'}  ({len(df)} runs, {failed} not ok)")
     try:
-        html = report.to_html(ipynb)
+        html = report.to_html(ipynb, no_input=args.no_input)
     except ImportError as e:  # nbconvert absent (the device): render later with `render`
         print(f"HTML not rendered here ({e}); run: tunebook render {sweep.store.root}")
     else:
@@ -129,7 +135,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     """(Re)render the HTML report of an experiment's latest executed notebook."""
     from tunebook import report
 
-    html = report.to_html(report.latest_notebook(args.experiment_dir))
+    html = report.to_html(report.latest_notebook(args.experiment_dir), no_input=args.no_input)
     print(f"HTML report: {html}")
     return EXIT_OK
 
@@ -232,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-q", "--quiet", action="store_true")
     sp.add_argument("--wait", type=float, default=0, metavar="SECONDS",
                     help="wait this long for another sweep holding the machine (default: refuse)")
+    _add_no_input(sp)
     sp.set_defaults(fn=cmd_run)
     sp = sub.add_parser("plan", help="print what would run (a dry run)")
     _add_common(sp)
@@ -245,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_sweep)
     sp = sub.add_parser("render", help="render an experiment's executed notebook to HTML")
     sp.add_argument("experiment_dir", type=Path, help="e.g. outputs/quickstart")
+    _add_no_input(sp)
     sp.set_defaults(fn=cmd_render)
     sp = sub.add_parser("claims", help="the claims table (manual vs measured, with verdicts) "
                                        "of every experiment under a folder")

@@ -57,6 +57,7 @@ def write_new(path: Path, data: bytes) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), shared_mode())  # readable like any file, not mkstemp's 0600
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -66,15 +67,38 @@ def write_new(path: Path, data: bytes) -> Path:
     return path
 
 
+def shared_mode() -> int:
+    """The mode `open()` would give a new file (0o666 less the umask, 0644 usually).
+
+    mkstemp makes its files 0600; renamed into place they would hide reports and results from
+    a web server or a colleague. The umask is read from /proc (setting it to read it back
+    would race with other threads' files); elsewhere it is set to 022 for an instant."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def replace_atomic(path: Path, data: bytes) -> Path:
-    """For derived files (the Parquet table, indexes): write then rename over."""
+    """For derived files (the Parquet table, indexes, reports): write then rename over.
+    The file gets the mode `open()` would give it (see `shared_mode`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), shared_mode())
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)  # a full disk leaves no stray temp file behind
+        raise
     return path
 
 
