@@ -30,7 +30,23 @@ class Workbook:
     result: SweepResult | None = None
 
     def plan(self) -> str:
-        return self.sweep.describe()
+        """The dry run. In a dry run (a replot) it first says what the figures are drawn
+        from, since the plan then describes what would run on *this* machine."""
+        if not self.dry_run:
+            return self.sweep.describe()
+        return f"{self.stored()}\nWere these params run on this machine:\n{self.sweep.describe()}"
+
+    def stored(self) -> str:
+        """One line: the stored runs the figures are drawn from, and where they were made."""
+        df = self.table()
+        if df.empty:
+            return "dry run: nothing starts, and no runs are stored yet"
+        ok = ok_rows(df)
+        made = sorted({f"vLLM {v} on {h}" for v, h in zip(
+            ok.get("vllm_version", []), ok.get("hardware", []), strict=False)
+            if isinstance(v, str) and isinstance(h, str)})
+        return (f"dry run: nothing starts; the figures are drawn from {len(df)} stored run(s), "
+                f"{len(ok)} ok" + (f" ({'; '.join(made)})" if made else ""))
 
     def header(self) -> str:
         """One markdown line: what this notebook runs and where its results go (a path
@@ -44,8 +60,7 @@ class Workbook:
     def run(self) -> SweepResult | None:
         """Run (or resume) the sweep. In a dry run, print the plan and start nothing."""
         if self.dry_run:
-            print("dry run: nothing started; the figures below use the runs already stored"
-                  "\n" + self.plan())
+            print(self.stored())
             return None
         self.result = self.sweep.run()
         r = self.result
