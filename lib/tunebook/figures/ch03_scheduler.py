@@ -14,6 +14,7 @@ from tunebook.evidence import (
     RATIO_TOLERANCE,
     Claim,
     Evidence,
+    missing,
     times,
     within,
 )
@@ -131,25 +132,154 @@ class CapMaxNumSeqs(FigureUnit):
         return charts.ratio_first(head, charts.curves(ev.df, self.plot), self.reference_panel())
 
 
+def _cache_on(ev: Evidence, rows: pd.DataFrame) -> pd.Series:
+    """Whether each row's engine ran with the prefix cache (vLLM's default is on)."""
+    col = rows.get("enable_prefix_caching", pd.Series(index=rows.index, dtype=object))
+    return col.map(lambda v: True if missing(v) else str(v).lower() in ("true", "1"))
+
+
+# Nearly flat: the longest shared prefix costs at most half again the shortest's TTFT.
+FLAT_RATIO = 1.5
+
+
 @figure("3.2")
 class PrefixCacheTtft(FigureUnit):
     title = "The prefix cache keeps the first token fast"
+    narrative = ("One user sends prompts that share a prefix of growing length (a short unique "
+                 "suffix each), with the prefix cache on and off. The chart leads with each "
+                 "config's TTFT at the longest shared length ÷ at the shortest beside the "
+                 "manual's (≈1×: flat), then median TTFT against the shared length.")
     refs = (
         result("ttft_ms_prefix_cache_on", 400, "ms",
                "time to first token at every shared prefix length, prefix cache on", "≈"),
     )
     needs = Needs(knobs=("enable_prefix_caching",))
+    plot = charts.Curves(y="median_ttft_ms", x="prefix_len")
+
+    def table(self, ev: Evidence) -> pd.DataFrame:
+        """Per engine config and shared prefix length: mean median-TTFT (ms), cache on/off."""
+        cols = ["engine_label", "cache_on", "prefix_len", "median_ttft_ms"]
+        ok = ev.ok
+        if ok.empty or ok["prefix_len"].dropna().nunique() < 2:
+            return pd.DataFrame(columns=cols)
+        ok = ok.assign(cache_on=_cache_on(ev, ok))
+        t = ok.groupby(["engine_label", "cache_on", "prefix_len"], as_index=False)[
+            "median_ttft_ms"].mean()
+        return t[cols]
+
+    def growth(self, t: pd.DataFrame) -> pd.DataFrame:
+        """TTFT at the longest shared prefix ÷ at the shortest, per engine config."""
+        rows = []
+        for (label, on), g in t.groupby(["engine_label", "cache_on"]):
+            g = g.sort_values("prefix_len")
+            rows.append({"engine_label": label, "cache_on": bool(on),
+                         "lo": int(g.prefix_len.iloc[0]), "hi": int(g.prefix_len.iloc[-1]),
+                         "ratio": float(g.median_ttft_ms.iloc[-1] / g.median_ttft_ms.iloc[0])})
+        return pd.DataFrame(rows, columns=["engine_label", "cache_on", "lo", "hi", "ratio"])
+
+    def rule(self, ev: Evidence) -> Claim:
+        """With the cache on, median TTFT at the longest shared prefix is at most 1.5× that at
+        the shortest (nearly flat); with it off, that ratio is at least 1.5× the cache-on ratio
+        (TTFT grows with the shared part). Absolute TTFT is the machine's, not compared."""
+        g = self.growth(self.table(ev))
+        on, off = g[g.cache_on], g[~g.cache_on]
+        if on.empty or off.empty:
+            return self.verdict(ev, "needs the prefix cache on and off", NOT_MEASURED,
+                                "needs an engine config with enable_prefix_caching false beside "
+                                "one with it on, over at least two shared prefix lengths")
+        r_on, r_off = float(on.ratio.iloc[0]), float(off.ratio.iloc[0])
+        text = (f"TTFT at {int(on.hi.iloc[0]):,} ÷ at {int(on.lo.iloc[0]):,} shared tokens: "
+                f"cache on {times(r_on)}, cache off {times(r_off)}")
+        holds = r_on <= FLAT_RATIO and r_off >= FLAT_RATIO * r_on
+        why = (f"flat with the cache (≤ {FLAT_RATIO:g}×) and growing without it" if holds else
+               f"with the cache TTFT grew {times(r_on)} (flat means ≤ {FLAT_RATIO:g}×)"
+               if r_on > FLAT_RATIO else "without the cache TTFT did not grow much more")
+        return self.verdict(ev, text, HOLDS if holds else DIFFERS, why, r_on, 1.0)
+
+    def chart(self, ev: Evidence) -> alt.TopLevelMixin:
+        g = self.growth(self.table(ev))
+        ratios = [charts.Ratio(f"TTFT, longest ÷ shortest shared prefix, cache "
+                               f"{'on' if on else 'off'}", 1.0 if on else None,
+                               dict(zip(grp.engine_label, grp.ratio, strict=True)), "≈")
+                  for on, grp in g.groupby("cache_on")]
+        head = charts.ratio_bars(ratios, "Prefix cache: TTFT growth, measured vs the manual "
+                                         "(Fig 3.2)",
+                                 ["manual: ≈1× with the cache on (TTFT flat at every length)"])
+        return charts.ratio_first(head, charts.curves(ev.df, self.plot), self.reference_panel())
 
 
 @figure("3.3")
 class BlockReuse(FigureUnit):
     title = "Block reuse stops at the first block that differs"
+    narrative = ("A base prompt, then prompts that share its first k tokens and differ after, "
+                 "for k across several block boundaries; the engine reports how many prompt "
+                 "tokens it served from cache. Reuse is whole blocks: a staircase in steps of "
+                 "`block_size`.")
     needs = Needs(knobs=("block_size", "enable_prefix_caching"))
+
+    def table(self, ev: Evidence) -> pd.DataFrame:
+        """Per engine config and shared length k: cached tokens the engine reported, and the
+        whole blocks before the first differing block (k // block_size × block_size)."""
+        cols = ["engine_label", "block_size", "prefix_len", "cached_tokens", "whole_blocks"]
+        ok = ev.ok
+        if ok.empty or "cached_tokens" not in ok.columns:
+            return pd.DataFrame(columns=cols)
+        ok = ok[ok["cached_tokens"].notna()]
+        bs = pd.to_numeric(ok.get("block_size", pd.Series(index=ok.index, dtype=float)),
+                           errors="coerce").fillna(16).astype(int)  # vLLM's default block
+        t = ok.assign(block_size=bs)[["engine_label", "block_size", "prefix_len",
+                                      "cached_tokens"]].copy()
+        t["whole_blocks"] = (t.prefix_len // t.block_size) * t.block_size
+        return t[cols].reset_index(drop=True)
+
+    def rule(self, ev: Evidence) -> Claim:
+        """Holds when, for every block size and every shared length k, the cached tokens equal
+        the whole blocks before the first differing one: k // block_size × block_size."""
+        t = self.table(ev)
+        if t.empty:
+            return self.verdict(ev, "no block-reuse probe in this experiment", NOT_MEASURED,
+                                "needs the block_reuse dataset (a base prompt, then prompts "
+                                "sharing its first k tokens)")
+        exact = (t.cached_tokens == t.whole_blocks)
+        sizes = ", ".join(str(b) for b in sorted(t.block_size.unique()))
+        ks = ", ".join(str(k) for k in sorted(t.prefix_len.unique()))
+        text = (f"{int(exact.sum())} of {len(t)} probes cached exactly the whole blocks "
+                f"(block sizes {sizes}; k = {ks})")
+        bad = t[~exact]
+        why = ("a staircase in steps of block_size at every k" if exact.all() else
+               "; ".join(f"k={r.prefix_len}, block {r.block_size}: {r.cached_tokens} cached, "
+                         f"{r.whole_blocks} expected" for r in bad.head(3).itertuples()))
+        return self.verdict(ev, text, HOLDS if exact.all() else DIFFERS, why,
+                            float(exact.mean()), 1.0)
+
+    def chart(self, ev: Evidence) -> alt.TopLevelMixin:
+        t = self.table(ev)
+        t = t.assign(series="block " + t.block_size.astype(str))
+        x = alt.X("prefix_len:Q", title="tokens shared with the cached prompt (k)")
+        y = alt.Y("tokens:Q", title="prompt tokens served from cache")
+        measured = alt.Chart(t).mark_point(filled=True, size=60).encode(
+            x=x, y=alt.Y("cached_tokens:Q", title="prompt tokens served from cache"),
+            color=alt.Color("series:N", title=None),
+            tooltip=["engine_label", "block_size", "prefix_len", "cached_tokens",
+                     "whole_blocks"])
+        stairs = alt.Chart(t.rename(columns={"whole_blocks": "tokens"})).mark_line(
+            interpolate="step-after", strokeDash=[4, 3], color="#616161").encode(
+            x=x, y=y, detail="series:N")
+        return charts.beside(alt.layer(stairs, measured).properties(
+            width=charts.WIDTH, height=charts.HEIGHT,
+            title=charts.titled("Cached tokens against tokens shared (Fig 3.3)",
+                                ["points: what the engine served from cache; dashed: whole "
+                                 "blocks before the first differing block"])),
+            self.reference_panel())
 
 
 @figure("3.4")
 class ChunkedPrefillBudget(FigureUnit):
     title = "The chunked-prefill budget and the P99 ITL"
+    narrative = ("Long prompts arrive at a steady request rate while others decode. A bigger "
+                 "token budget per step (`max_num_batched_tokens`) lets one step take a bigger "
+                 "chunk of a new prompt, and the decoding users wait longer between tokens: "
+                 "P99 inter-token latency, bigger budget ÷ smaller, beside the manual's.")
     refs = (
         setting("request_rate_req_s", 0.5, "req/s", "offered load (--request-rate)"),
         setting("max_num_batched_tokens", 16384, "tokens", "the raised token budget per step"),
@@ -158,3 +288,64 @@ class ChunkedPrefillBudget(FigureUnit):
     )
     note = _NO_MACHINE
     needs = Needs(knobs=("max_num_batched_tokens",))
+    plot = charts.Curves(y="p99_itl_ms", x="request_rate")
+
+    @property
+    def manual_ratio(self) -> float:
+        return (self.ref("p99_itl_ms_budget_16384").value
+                / self.ref("p99_itl_ms_baseline").value)
+
+    def table(self, ev: Evidence) -> pd.DataFrame:
+        """Per request rate: P99 ITL of the smallest and of the largest token budget, and
+        their ratio (mean over repeats)."""
+        cols = ["request_rate", "small_budget", "large_budget", "p99_itl_small_ms",
+                "p99_itl_large_ms", "ratio"]
+        ok = ev.ok
+        if ok.empty or "max_num_batched_tokens" not in ok.columns:
+            return pd.DataFrame(columns=cols)
+        ok = ok.assign(budget=pd.to_numeric(ok["max_num_batched_tokens"], errors="coerce"))
+        ok = ok[ok.budget.notna() & ok.request_rate.notna()]
+        rows = []
+        for rate, g in ok.groupby("request_rate"):
+            m = g.groupby("budget")["p99_itl_ms"].mean()
+            if len(m) < 2:
+                continue
+            rows.append({"request_rate": float(rate), "small_budget": int(m.index.min()),
+                         "large_budget": int(m.index.max()), "p99_itl_small_ms": float(m.iloc[0]),
+                         "p99_itl_large_ms": float(m.iloc[-1]),
+                         "ratio": float(m.iloc[-1] / m.iloc[0])})
+        return pd.DataFrame(rows, columns=cols)
+
+    def rule(self, ev: Evidence) -> Claim:
+        """Holds when the largest token budget gives a higher P99 ITL than the smallest at the
+        manual's request rate (or, if not measured there, at every rate measured); the ratio
+        is shown beside the manual's (16,384-token budget ÷ the baseline)."""
+        t = self.table(ev)
+        if t.empty:
+            return self.verdict(ev, "needs two max_num_batched_tokens at a request rate",
+                                NOT_MEASURED, "set max_num_batched_tokens in engine_grid and "
+                                              "load.request_rates")
+        want = self.ref("request_rate_req_s").value
+        at = t[t.request_rate == want]
+        use = at if len(at) else t
+        raised = bool((use.ratio > 1).all())
+        text = "; ".join(f"{r.request_rate:g} req/s: P99 ITL {r.p99_itl_small_ms:,.0f} ms at "
+                         f"{r.small_budget:,} → {r.p99_itl_large_ms:,.0f} ms at "
+                         f"{r.large_budget:,} tokens ({times(r.ratio)})" for r in use.itertuples())
+        why = (f"the bigger budget raised P99 ITL (manual: {times(self.manual_ratio)})" if raised
+               else "the bigger budget did not raise P99 ITL")
+        if not len(at):
+            why += f"; not measured at the manual's {want:g} req/s"
+        return self.verdict(ev, text, HOLDS if raised else DIFFERS, why,
+                            float(use.ratio.iloc[0]), self.manual_ratio)
+
+    def chart(self, ev: Evidence) -> alt.TopLevelMixin:
+        t = self.table(ev)
+        want = self.ref("request_rate_req_s").value
+        ratios = [charts.Ratio(f"P99 ITL, {r.large_budget:,} ÷ {r.small_budget:,} tokens, "
+                               f"{r.request_rate:g} req/s",
+                               self.manual_ratio if r.request_rate == want else None,
+                               {"": r.ratio}) for r in t.itertuples()]
+        head = charts.ratio_bars(ratios, "Token budget: P99 ITL ratio, measured vs the manual "
+                                         "(Fig 3.4)", ["bigger budget ÷ smaller budget"])
+        return charts.ratio_first(head, charts.curves(ev.df, self.plot), self.reference_panel())
