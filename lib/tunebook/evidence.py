@@ -78,6 +78,26 @@ class Evidence:
     def on_gpu(self) -> bool:
         return bool(self.df.get("gpu_name", pd.Series(dtype=str)).notna().any())
 
+    def parts_for(self, fig: str) -> set[str] | None:
+        """The params parts whose rows stand for Fig ``fig`` (a part that lists no figures
+        stands for all); None when the experiment has no parts."""
+        parts = [p for p in self.params.get("parts") or () if isinstance(p, dict)]
+        if not parts:
+            return None
+        return {str(p.get("name")) for p in parts if not p.get("figures")
+                or fig in [str(f) for f in p["figures"]]}
+
+    def for_figure(self, fig: str) -> Evidence:
+        """This evidence narrowed to the rows of the parts that stand for ``fig``."""
+        names = self.parts_for(fig)
+        if names is None or self.df.empty or "part" not in self.df.columns:
+            return self
+        keep = self.df["part"].astype("string").isin(sorted(names)).fillna(False)
+        ids = set(self.df.loc[keep, "run_id"])
+        return Evidence(self.root, self.df[keep], [r for r in self.records
+                                                   if r.get("row", {}).get("run_id") in ids],
+                        self.params)
+
     def engines(self) -> pd.DataFrame:
         """One ok row per engine config (the start-up facts are per engine)."""
         ok = self.ok

@@ -63,7 +63,9 @@ LOAD_KEYS = (
 TOP_KEYS = (
     "experiment", "notebook", "model", "description", "engine", "engine_grid", "engine_env",
     "load", "repeats", "max_runs", "max_prompts", "startup_timeout_s", "run_timeout_s", "figures",
+    "parts",
 )
+PART_KEYS = ("name", "engine_grid", "load", "figures")
 
 
 class ParamsError(ValueError):
@@ -104,6 +106,26 @@ class LoadParams:
 
 
 @dataclass(frozen=True)
+class Part:
+    """One load shape of an experiment with the engine configs that run it (a chapter needs
+    several: a concurrency sweep, a shared-prefix sweep, a request rate). Engine configs that
+    several parts share start once."""
+
+    name: str
+    engine_grid: tuple[dict[str, Any], ...]
+    load: LoadParams
+    figures: tuple[str, ...] = ()  # the figures drawn from this part's rows (empty: any)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "engine_grid": [dict(g) for g in self.engine_grid],
+                "load": _load_dict(self.load), "figures": list(self.figures)}
+
+
+def _load_dict(load: LoadParams) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in load.__dict__.items()}
+
+
+@dataclass(frozen=True)
 class SweepParams:
     experiment: str
     model: str
@@ -119,12 +141,17 @@ class SweepParams:
     startup_timeout_s: float = 900.0
     run_timeout_s: float = 1800.0
     figures: tuple[str, ...] = ()
+    parts: tuple[Part, ...] = ()  # several load shapes; empty: engine_grid × load
     source: str = "<params>"
+
+    def all_parts(self) -> tuple[Part, ...]:
+        """The parts, or the one implicit part (engine_grid × load) of a file without any."""
+        return self.parts or (Part("", self.engine_grid, self.load, self.figures),)
 
     def to_dict(self) -> dict[str, Any]:
         """The params as plain YAML-able data (round-trips through `parse`)."""
-        load = {k: list(v) if isinstance(v, tuple) else v for k, v in self.load.__dict__.items()}
-        return {
+        load = _load_dict(self.load)
+        out = {
             "experiment": self.experiment,
             "notebook": self.notebook,
             "model": self.model,
@@ -140,6 +167,10 @@ class SweepParams:
             "run_timeout_s": self.run_timeout_s,
             "figures": list(self.figures),
         }
+        if self.parts:
+            del out["engine_grid"]
+            out["parts"] = [part.to_dict() for part in self.parts]
+        return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,6 +386,7 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
     startup_timeout_s = v.number(data, "startup_timeout_s", (int, float), 900.0, lo=1)
     run_timeout_s = v.number(data, "run_timeout_s", (int, float), 1800.0, lo=1)
     figures = _figures(v, v.get(data, "figures", list, default=[]))
+    parts = _parts(v, data, model, engine, max_runs, repeats, max_prompts, figures)
 
     # Cross-field checks, on each engine config as it will run; a problem of the shared
     # `engine` knobs is reported once, under `engine`.
@@ -369,27 +401,89 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
         for sub, msg in _engine_problems(merged):
             if (sub, msg) not in base:
                 v.err(f"engine_grid[{i}].{sub}", msg)
-    if load_ok and isinstance(model, str) and model.strip():
-        _context_checks(v, model.strip(), engine, grid, load_params)
-    if load_params is not None and isinstance(repeats, int) and isinstance(max_runs, int):
-        factors = {"engine_grid": len(grid), "load.users": len(load_params.users),
-                   "load.request_rates": len(load_params.request_rates), "repeats": repeats}
-        n = math.prod(factors.values())
-        if n > max_runs:
-            v.err(max(factors, key=lambda k: factors[k]),
-                  f"the plan has {len(grid)} engine configs x {len(load_params.users)} users x "
-                  f"{len(load_params.request_rates)} rates x {repeats} repeats = {n:,} runs, "
-                  f"over max_runs={max_runs}; narrow it or raise max_runs deliberately")
-        elif load_ok and isinstance(max_prompts, int):
-            _prompts_check(v, load_params, len(grid), repeats, max_prompts)
+    if "parts" not in data:  # with parts, each part was checked with its grid (see _parts)
+        if load_ok and isinstance(model, str) and model.strip():
+            _context_checks(v, model.strip(), engine, grid, load_params)
+        if load_params is not None and isinstance(repeats, int) and isinstance(max_runs, int):
+            factors = {"engine_grid": len(grid), "load.users": len(load_params.users),
+                       "load.request_rates": len(load_params.request_rates), "repeats": repeats}
+            n = math.prod(factors.values())
+            if n > max_runs:
+                v.err(max(factors, key=lambda k: factors[k]),
+                      f"the plan has {len(grid)} engine configs x {len(load_params.users)} users x "
+                      f"{len(load_params.request_rates)} rates x {repeats} repeats = {n:,} runs, "
+                      f"over max_runs={max_runs}; narrow it or raise max_runs deliberately")
+            elif load_ok and isinstance(max_prompts, int):
+                _prompts_check(v, load_params, len(grid), repeats, max_prompts)
     v.raise_if_any()
     return SweepParams(
         experiment=experiment, model=model.strip(), notebook=notebook, description=description,
         engine=engine, engine_grid=tuple(grid), engine_env=engine_env, load=load_params,
         repeats=repeats, max_runs=max_runs, max_prompts=max_prompts,
         startup_timeout_s=float(startup_timeout_s), run_timeout_s=float(run_timeout_s),
-        figures=figures, source=source,
+        figures=figures, parts=parts, source=source,
     )
+
+
+def _parts(v: _Validator, data: dict, model: Any, engine: dict[str, Any], max_runs: Any,
+           repeats: Any, max_prompts: Any, figures: tuple[str, ...]) -> tuple[Part, ...]:
+    """`parts:` — each a name, an engine_grid and a load merged over the top-level load, all
+    checked as a whole file would be; problems are named `parts[i].<key>`."""
+    raw = data.get("parts")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        v.err("parts", f"must be a non-empty list of {{name, engine_grid, load}}, got "
+                       f"{_tname(raw)} {_short(raw)}")
+        return ()
+    if "engine_grid" in data:
+        v.err("engine_grid", "with parts, each part has its own engine_grid: move it there")
+    top_load = data.get("load") if isinstance(data.get("load"), dict) else {}
+    out, names, total_runs = [], {}, 0
+    for i, item in enumerate(raw):
+        key = f"parts[{i}]"
+        if not isinstance(item, dict):
+            v.err(key, f"must be a mapping with name, engine_grid and load, got {_tname(item)}")
+            continue
+        v.unknown(item, PART_KEYS, key)
+        name = item.get("name")
+        if not isinstance(name, str) or not EXPERIMENT_RE.match(name):
+            v.err(f"{key}.name", "is required: 1-64 letters, digits, '.', '_' or '-', got "
+                                 f"{_short(name)}")
+            name = f"part{i}"
+        elif name in names:
+            v.err(f"{key}.name", f"duplicates parts[{names[name]}].name")
+        names.setdefault(name, i)
+        # the same checks as a file without parts, with this part's keys
+        sub = _Validator(v.source)
+        grid = _engine_grid(sub, item.get("engine_grid", [{}]), max_runs
+                            if isinstance(max_runs, int) else DEFAULT_MAX_RUNS)
+        load_raw = item.get("load", {})
+        if not isinstance(load_raw, dict):
+            sub.err("load", f"must be a mapping, got {_tname(load_raw)}")
+            load_raw = {}
+        load = _load(sub, {**top_load, **load_raw})
+        part_figs = _figures(sub, item.get("figures") or [])
+        stray = [f for f in part_figs if figures and f not in figures]
+        if stray:
+            sub.err("figures", f"{', '.join(stray)} not in the file's figures: list them there")
+        n0 = len(sub.problems)
+        for j, override in enumerate(grid):
+            for k, msg in _engine_problems({**engine, **override}):
+                sub.err(f"engine_grid[{j}].{k}", msg)
+        if load is not None and len(sub.problems) == n0 and isinstance(model, str) \
+                and model.strip():
+            _context_checks(sub, model.strip(), engine, grid, load)
+        if load is not None and isinstance(repeats, int) and isinstance(max_prompts, int):
+            _prompts_check(sub, load, len(grid), repeats, max_prompts)
+            total_runs += len(grid) * len(load.users) * len(load.request_rates) * repeats
+        v.problems += [(f"{key}.{k}" if k else key, m) for k, m in sub.problems]
+        if load is not None:
+            out.append(Part(name, tuple(grid), load, part_figs))
+    if isinstance(max_runs, int) and total_runs > max_runs:
+        v.err("parts", f"the parts plan {total_runs:,} runs, over max_runs={max_runs}; narrow "
+                       "them or raise max_runs deliberately")
+    return tuple(out)
 
 
 def _figures(v: _Validator, raw: list) -> tuple[str, ...]:

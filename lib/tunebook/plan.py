@@ -42,6 +42,7 @@ class PlannedRun:
     point: LoadPoint
     repeat: int
     run_id: str = ""
+    part: str = ""  # the params part that planned it (not in the id: ids stay stable)
 
     def __post_init__(self) -> None:
         if not self.run_id:
@@ -110,7 +111,7 @@ class Plan:
             "experiment": self.experiment,
             "engines": [e.__dict__ for e in self.engines],
             "runs": [{"run_id": r.run_id, "engine_config_id": r.engine.id, "repeat": r.repeat,
-                      **r.point.__dict__} for r in self.runs],
+                      "part": r.part, **r.point.__dict__} for r in self.runs],
         }
 
     def describe(self, done: Resume | Iterable[str] = frozenset()) -> str:
@@ -139,7 +140,8 @@ class Plan:
             for r in self.runs_for(e):
                 p = r.point
                 line = (f"{p.label:<22} {p.dataset} in={p.input_len} out={p.output_len} "
-                        f"prefix={p.prefix_len} prompts={p.num_prompts} repeat={r.repeat}")
+                        f"prefix={p.prefix_len} prompts={p.num_prompts} repeat={r.repeat}"
+                        + (f" [{r.part}]" if r.part else ""))
                 if r.run_id in resume.done:
                     version = resume.done[r.run_id]
                     line = f"done   {line}" + (f"  (vLLM {version})" if version else "")
@@ -159,22 +161,32 @@ def _label(override: dict[str, Any]) -> str:
 
 
 def make_plan(p: SweepParams) -> Plan:
-    engines = []
-    for g in p.engine_grid:
-        knobs = {**p.engine, **g}
-        model = knobs.pop("model", p.model)  # an engine_grid entry may swap the model
-        engines.append(EngineConfig(model=model, knobs=knobs, env=dict(p.engine_env),
-                                    label=_label(g)))
-    ld = p.load
-    points = [
-        LoadPoint(
-            dataset=ld.dataset, max_concurrency=u, request_rate=rate, input_len=ld.input_len,
-            output_len=ld.output_len, prefix_len=ld.prefix_len, num_prefixes=ld.num_prefixes,
-            num_prompts=ld.prompts(u),
-            num_warmups=ld.num_warmups,
-        )
-        for rate in ld.request_rates
-        for u in ld.users
-    ]
-    runs = [PlannedRun(e, pt, rep) for e in engines for pt in points for rep in range(p.repeats)]
-    return Plan(p.experiment, engines, runs)
+    """Engine configs × load points × repeats, part by part (``SweepParams.all_parts``). An
+    engine config shared by several parts is planned once, so it starts once; a run planned
+    by two parts (same engine config, same load point) is one run."""
+    engines: dict[str, EngineConfig] = {}
+    runs: dict[str, PlannedRun] = {}
+    for part in p.all_parts():
+        configs = []
+        for g in part.engine_grid:
+            knobs = {**p.engine, **g}
+            model = knobs.pop("model", p.model)  # an engine_grid entry may swap the model
+            cfg = EngineConfig(model=model, knobs=knobs, env=dict(p.engine_env), label=_label(g))
+            configs.append(engines.setdefault(cfg.id, cfg))
+        ld = part.load
+        points = [
+            LoadPoint(
+                dataset=ld.dataset, max_concurrency=u, request_rate=rate, input_len=ld.input_len,
+                output_len=ld.output_len, prefix_len=ld.prefix_len, num_prefixes=ld.num_prefixes,
+                num_prompts=ld.prompts(u),
+                num_warmups=ld.num_warmups,
+            )
+            for rate in ld.request_rates
+            for u in ld.users
+        ]
+        for e in configs:
+            for pt in points:
+                for rep in range(p.repeats):
+                    run = PlannedRun(e, pt, rep, part=part.name)
+                    runs.setdefault(run.run_id, run)
+    return Plan(p.experiment, list(engines.values()), list(runs.values()))

@@ -86,6 +86,8 @@ COLUMNS: tuple[Column, ...] = (
     _C("engine_config_id", "string", "stable hash of the engine knobs + model"),
     _C("engine_label", "string", "human label of the engine config, e.g. 'max_num_seqs=4'"),
     _C("repeat", "Int64", "0-based repeat index of this load point"),
+    _C("part", "string", "the params part (parts[].name) that planned the run; <NA> without "
+                         "parts"),
     _C("started_at", "string", "UTC ISO-8601 start of the run"),
     _C("finished_at", "string", "UTC ISO-8601 end of the run"),
     # --- model ----------------------------------------------------------------------------

@@ -38,14 +38,15 @@ from tunebook.figures.registry import (
 
 
 def verdict(ev: Evidence, fig: str) -> Claim:
-    """The rule of Fig ``fig`` applied to ``ev``."""
-    return get(fig).rule(ev)
+    """The rule of Fig ``fig`` applied to ``ev`` (the rows of the parts that stand for it)."""
+    return get(fig).rule(ev.for_figure(fig))
 
 
 def chart(ev: Evidence, fig: str, claim: Claim | None = None) -> alt.TopLevelMixin | None:
     """The figure's chart, or None when nothing here can stand for it: the figure cannot run
     on this machine, or there is no ok run and the figure is not a model property."""
     unit = get(fig)
+    ev = ev.for_figure(fig)
     c = claim or unit.rule(ev)
     if c.verdict == CANNOT and not unit.chart_when_unmeasured:
         return None

@@ -160,7 +160,7 @@ class PrefixCacheTtft(FigureUnit):
         """Per engine config and shared prefix length: mean median-TTFT (ms), cache on/off."""
         cols = ["engine_label", "cache_on", "prefix_len", "median_ttft_ms"]
         ok = ev.ok
-        if ok.empty or ok["prefix_len"].dropna().nunique() < 2:
+        if ok.empty or "prefix_len" not in ok or ok["prefix_len"].dropna().nunique() < 2:
             return pd.DataFrame(columns=cols)
         ok = ok.assign(cache_on=_cache_on(ev, ok))
         t = ok.groupby(["engine_label", "cache_on", "prefix_len"], as_index=False)[
@@ -222,7 +222,7 @@ class BlockReuse(FigureUnit):
         whole blocks before the first differing block (k // block_size × block_size)."""
         cols = ["engine_label", "block_size", "prefix_len", "cached_tokens", "whole_blocks"]
         ok = ev.ok
-        if ok.empty or "cached_tokens" not in ok.columns:
+        if ok.empty or not {"cached_tokens", "prefix_len"} <= set(ok.columns):
             return pd.DataFrame(columns=cols)
         ok = ok[ok["cached_tokens"].notna()]
         bs = pd.to_numeric(ok.get("block_size", pd.Series(index=ok.index, dtype=float)),
@@ -301,7 +301,8 @@ class ChunkedPrefillBudget(FigureUnit):
         cols = ["request_rate", "small_budget", "large_budget", "p99_itl_small_ms",
                 "p99_itl_large_ms", "ratio"]
         ok = ev.ok
-        if ok.empty or "max_num_batched_tokens" not in ok.columns:
+        if ok.empty or not {"max_num_batched_tokens", "request_rate", "p99_itl_ms"} <= set(
+                ok.columns):
             return pd.DataFrame(columns=cols)
         ok = ok.assign(budget=pd.to_numeric(ok["max_num_batched_tokens"], errors="coerce"))
         ok = ok[ok.budget.notna() & ok.request_rate.notna()]

@@ -1,0 +1,94 @@
+"""`parts:` — one experiment with several load shapes (a chapter), each with its engine configs;
+shared engine configs start once, rows carry their part, figures read their parts' rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from tunebook import figures
+from tunebook import params as P
+from tunebook.evidence import Evidence
+from tunebook.plan import make_plan
+
+CHAPTER = {
+    "experiment": "ch", "model": "qwen3-tiny", "engine": {"max_model_len": 1024},
+    "load": {"input_len": 64, "output_len": 16, "num_warmups": 0},
+    "figures": ["3.1", "3.2"],
+    "parts": [
+        {"name": "cap", "engine_grid": [{}, {"max_num_seqs": 4}], "figures": ["3.1"],
+         "load": {"users": [1, 2, 4, 8]}},
+        {"name": "prefix", "engine_grid": [{}, {"enable_prefix_caching": False}],
+         "figures": ["3.2"],
+         "load": {"dataset": "prefix_repetition", "users": [1], "prefix_len": 256,
+                  "num_prompts": 4}},
+    ],
+}
+
+
+def _parse(data: dict) -> P.SweepParams:
+    return P.parse(yaml.safe_load(yaml.safe_dump(data)), source="ch.yaml")
+
+
+def test_parts_plan_shared_engines_once_and_tag_runs() -> None:
+    p = _parse(CHAPTER)
+    assert [part.name for part in p.parts] == ["cap", "prefix"]
+    assert p.parts[1].load.input_len == 64  # the top-level load is each part's default
+    plan = make_plan(p)
+    assert [e.label for e in plan.engines] == ["default", "max_num_seqs=4",
+                                               "enable_prefix_caching=False"]
+    assert len(plan.runs) == 2 * 4 + 2 * 1
+    default = plan.engines[0]
+    assert {r.part for r in plan.runs_for(default)} == {"cap", "prefix"}
+    assert "[prefix]" in plan.describe()
+    assert {r["part"] for r in plan.to_dict()["runs"]} == {"cap", "prefix"}
+
+
+def test_parts_round_trip_and_ids_of_a_file_without_parts_are_unchanged() -> None:
+    p = _parse(CHAPTER)
+    again = P.parse(p.to_dict(), source="again")
+    assert [r.run_id for r in make_plan(again).runs] == [r.run_id for r in make_plan(p).runs]
+    flat = {k: v for k, v in CHAPTER.items() if k != "parts"}
+    flat["engine_grid"] = CHAPTER["parts"][0]["engine_grid"]
+    flat["load"] = {**CHAPTER["load"], **CHAPTER["parts"][0]["load"]}
+    cap_ids = {r.run_id for r in make_plan(p).runs if r.part == "cap"}
+    assert {r.run_id for r in make_plan(_parse(flat)).runs} == cap_ids
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    (lambda d: d["parts"][1]["load"].update(users=[0]), "parts[1].load.users[0]"),
+    (lambda d: d["parts"][0].update(name="a b"), "parts[0].name"),
+    (lambda d: d["parts"][1].update(name="cap"), "parts[1].name"),
+    (lambda d: d["parts"][0]["engine_grid"].append({"max_num_seqz": 1}),
+     "parts[0].engine_grid[2].max_num_seqz"),
+    (lambda d: d["parts"][0].update(figures=["9.9"]), "parts[0].figures[0]"),
+    (lambda d: d["parts"][0].update(figures=["2.1"]), "parts[0].figures"),
+    (lambda d: d.update(engine_grid=[{}]), "engine_grid"),
+    (lambda d: d.update(parts=[]), "parts"),
+    (lambda d: d["parts"][1]["load"].update(input_len=5000), "parts[1].load.input_len"),
+])
+def test_bad_parts_name_the_part(change, key: str) -> None:
+    data = yaml.safe_load(yaml.safe_dump(CHAPTER))
+    change(data)
+    with pytest.raises(P.ParamsError) as e:
+        P.parse(data, source="ch.yaml")
+    assert any(k == key for k, _ in e.value.problems), e.value.problems
+
+
+def test_figures_read_the_rows_of_their_parts() -> None:
+    rows = []
+    for part, users, tok_s in (("cap", 1, 100.0), ("cap", 2, 190.0), ("prefix", 1, 5.0)):
+        rows.append({"status": "ok", "run_id": f"{part}{users}", "part": part,
+                     "engine_config_id": "e", "engine_label": "default",
+                     "max_concurrency": users, "output_tok_s": tok_s})
+    ev = Evidence(Path("/nonexistent/ch"), pd.DataFrame(rows), [],
+                  _parse(CHAPTER).to_dict())
+    assert ev.parts_for("3.1") == {"cap"} and ev.parts_for("1.1") == set()
+    assert set(ev.for_figure("3.1").df["part"]) == {"cap"}
+    assert ev.for_figure("3.1").df["output_tok_s"].min() == 100.0
+    no_parts = Evidence(Path("/x"), pd.DataFrame(rows), [], {"figures": ["3.1"]})
+    assert no_parts.for_figure("3.1") is no_parts
+    assert figures.verdict(ev, "3.2").figure == "3.2"
