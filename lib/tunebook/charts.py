@@ -303,8 +303,12 @@ def _measured(df: pd.DataFrame, x: str, series: Mapping[str, str], y_title: str,
                                               range=list(_MARK_SHAPES.values())))
             layers.append(alt.Chart(marks).mark_point(
                 size=190, filled=False, strokeWidth=2, opacity=1).encode(shape=shape, **menc))
-            layers.append(alt.Chart(marks).mark_text(
-                dy=-15, fontSize=11, fontWeight="bold").encode(text="mark:N", **menc))
+            for i, (_, curve) in enumerate(marks.groupby("engine_label", sort=True)):
+                # labels of curves marked at the same load point must not print over each
+                # other: each curve's labels sit at their own height above the point
+                layers.append(alt.Chart(curve).mark_text(
+                    dy=-15 - 12 * (i % 3), fontSize=11, fontWeight="bold").encode(
+                    text="mark:N", **menc))
     if len(issues):
         placed = issues.dropna(subset=[x])
         cross = alt.Chart(placed).mark_point(shape="cross", size=140, filled=True, opacity=1)
