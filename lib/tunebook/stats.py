@@ -129,8 +129,8 @@ class Interval:
         return self.known and self.low <= value <= self.high
 
     def text(self, unit: str = "", digits: int = 3) -> str:
-        """``275 ± 12.4 tok/s (95% CI, 3 runs)``; ``0.625× (0.581–0.674×, 95% CI, 3 runs)``
-        where the interval is lopsided (a ratio's); ``275 tok/s (1 run, no interval)``; or
+        """``180 ± 12.4 tok/s (95% CI, 3 runs)``; ``0.64× (0.59–0.69×, 95% CI, 3 runs)``
+        where the interval is lopsided (a ratio's); ``180 tok/s (1 run, no interval)``; or
         ``not measured``."""
         if self.n == 0 or not _finite(self.mean):
             return "not measured"
@@ -328,8 +328,8 @@ def saturation(df: pd.DataFrame, x: str = "max_concurrency", y: str = "output_to
     one-user run) and the saturated throughput; AIPerf judges load points by latency
     objectives (goodput) — the manual states none, so (b) bounds latency relative to the
     unloaded value, the usual reading of "the latency knee". Past saturation (Little's law)
-    throughput is flat, so (a) fails, while latency grows with each user, so (b) fails: the
-    knee is never past the peak, and usually well before it.
+    throughput is flat, so (a) fails, while latency grows with each user, so (b) fails: with
+    a positive fraction the knee is never past the peak, and usually well before it.
 
     Returned, one row per curve: ``curve_by``, points (load points with a mean), base_x,
     base_y, base_y_per_x, base_latency; peak_x, peak_y, peak_low, peak_high (the peak's
