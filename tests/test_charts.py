@@ -196,3 +196,75 @@ def test_offline_html(results):
     assert "cdn.jsdelivr" not in html
     assert not re.search(r"<script[^>]*\bsrc=", html)
     assert "vegaEmbed" in html and "engine_failed" in html
+
+
+def _rows_of(chart, column: str) -> list[dict]:
+    """Every data row (of any layer) that has ``column``."""
+    return [r for rows in _spec(chart)["datasets"].values() for r in rows if column in r]
+
+
+def _subtitles(chart) -> list[str]:
+    spec = _spec(chart)
+    return [line for part in (spec.get("hconcat") or [spec])
+            for line in part["title"].get("subtitle", [])]
+
+
+def test_repeats_draw_the_95_percent_interval(results):
+    chart = charts.scaling(results)
+    text = json.dumps(_spec(chart), ensure_ascii=False)
+    assert "mean of 2 repeats, bars = 95% CI" in text and "min–max" not in text
+    assert '"ci_low"' in text and '"ci_high"' in text  # the bars' fields
+    # each point has repeats v and v + 1: sd 0.7071, t(0.975, 1) = 12.706:
+    # half width 12.706 * 0.7071 / sqrt(2) = 6.353 around the mean v + 0.5
+    point = next(r for r in _rows_of(chart, "ci_low")
+                 if r["engine_label"] == "max_num_seqs=4" and r["max_concurrency"] == 8)
+    assert point["mean"] == 160.5 and point["runs"] == 2
+    assert point["ci_high"] - point["mean"] == pytest.approx(6.353, abs=1e-3)
+    assert point["min"] == 160 and point["max"] == 161  # still in the tooltip
+
+
+def test_a_point_with_one_run_gets_no_bar(results):
+    df = results.drop(results[(results.max_concurrency == 8) & (results.repeat == 1)].index)
+    chart = charts.scaling(df)
+    assert any("mean of 1–2 repeats, bars = 95% CI where ≥ 2" in s for s in _subtitles(chart))
+    bars = [layer for layer in _spec(chart)["layer"]
+            if isinstance(layer.get("mark"), dict) and layer["mark"]["type"] == "errorbar"]
+    data = _spec(chart)["datasets"][bars[0]["data"]["name"]]
+    assert data and all(r["max_concurrency"] != 8 for r in data)  # one run: no bar
+
+
+def test_saturation_marks_peak_and_knee(results):
+    chart = charts.curves(results, charts.Curves(y=("output_tok_s", "median_tpot_ms"),
+                                                 saturation=True))
+    marks = {(r["engine_label"], r["max_concurrency"], r["mark"]) for r in _rows_of(chart, "mark")
+             if "knee_reason" in r}
+    # max_num_seqs=4: 40.5, 80.5, 160.5, 160.5 tok/s at 1, 2, 4, 8 users: the cap binds at 4
+    # users, so the peak (first of the tie) and the knee (no gain from 4 to 8) are both at 4.
+    # max_num_seqs=256: linear up to 8 users, the highest load: peak there, knee beyond.
+    assert marks == {("max_num_seqs=4", 4.0, "peak = knee"), ("max_num_seqs=256", 8.0, "peak")}
+    placed = {(r["engine_label"], r["max_concurrency"], r["mean"]) for r in _rows_of(chart, "mark")}
+    assert len(_spec(chart)["hconcat"]) == 2 and len(placed) == 4  # 2 marks on each panel
+    subtitle = " ".join(_subtitles(chart))
+    assert "knee = last load before one more user adds < 50%" in subtitle
+    assert "knee beyond the measured range: max_num_seqs=256" in subtitle
+    assert "peak at the largest load measured" in subtitle
+    assert "engine_failed: kv_cache_dtype=fp8" in _data_text(chart)  # failures still shown
+    # the TPOT panel marks the same load points at its own values
+    tpot = [r for r in _rows_of(chart, "mark") if r["mean"] == 24.0]
+    assert tpot and tpot[0]["max_concurrency"] == 4
+
+
+def test_saturation_options(results):
+    one = results[results.repeat == 0]
+    for chart in (charts.scaling(one, saturation=True),
+                  charts.latency_percentiles(results, "tpot", saturation=True),
+                  charts.overlay({"cpu": one, "h200": results}, saturation=True),
+                  charts.scaling(results, saturation=charts.Saturation(
+                      latency="p99_tpot_ms", max_latency_multiple=1.5))):
+        assert _rows_of(chart, "mark")
+    strict = charts.scaling(results, saturation=charts.Saturation(
+        latency="p99_tpot_ms", max_latency_multiple=1.5))
+    assert "p99_tpot_ms > 1.5×" in " ".join(_subtitles(strict))
+    assert "peak" not in json.dumps(_spec(charts.scaling(results)))  # off by default
+    failed = results[results.status != "ok"]
+    assert "engine_failed" in _data_text(charts.scaling(failed, saturation=True))

@@ -4,7 +4,10 @@ Conventions, shared by every chart of measured data:
 - only ``status == "ok"`` rows are plotted; every other row (engine_failed, failed,
   interrupted, or ok without the metric) is drawn as a cross at its load point and listed in
   a note "engine_failed: <engine_label> …" — nothing is dropped silently;
-- repeats are averaged; when a load point has more than one run, bars show min–max;
+- repeats are averaged; where a load point has two or more runs, bars show the mean's 95%
+  Student-t interval (tunebook.stats; one run draws no bar: it measures no noise);
+- on concurrency charts, ``saturation`` marks each curve's throughput peak and latency knee
+  (tunebook.stats.saturation states both rules);
 - x is concurrent users on a log2 axis; colour is ``engine_label``;
 - the manual's numbers are drawn in grey with dashed outlines and titled "reference".
 """
@@ -23,7 +26,7 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from tunebook import schema
+from tunebook import schema, stats
 from tunebook.manual import RESULT, SETTING, SOURCE, Ref
 from tunebook.store import ok_rows
 
@@ -124,7 +127,18 @@ def _x(x: str, values: pd.Series) -> alt.X:
                  axis=alt.Axis(values=values or alt.Undefined, format="~g", grid=True))
 
 
-def _context(df: pd.DataFrame, repeats: bool) -> list[str]:
+def _repeats_text(agg: pd.DataFrame) -> str | None:
+    """"mean of 3 repeats, bars = 95% CI" when some load point has repeats, else None."""
+    runs = agg["runs"] if len(agg) else pd.Series(dtype=int)
+    if runs.empty or int(runs.max()) < 2:
+        return None
+    lo, hi = int(runs.min()), int(runs.max())
+    n = str(hi) if lo == hi else f"{lo}–{hi}"
+    where = "" if lo >= 2 else " where ≥ 2"
+    return f"mean of {n} repeats, bars = {stats.CONFIDENCE:.0%} CI{where}"
+
+
+def _context(df: pd.DataFrame, repeats: str | None) -> list[str]:
     """One subtitle line: what these runs have in common."""
     def one(col):
         vals = df[col].dropna().unique() if col in df else []
@@ -132,14 +146,14 @@ def _context(df: pd.DataFrame, repeats: bool) -> list[str]:
 
     shape = (f"{one('dataset') or 'prompts'} {one('input_len')}→{one('output_len')} tokens"
              if one("input_len") and one("output_len") else None)
-    parts = [one("hardware"), one("model"), shape,
-             "mean of repeats, bars = min–max" if repeats else None]
+    parts = [one("hardware"), one("model"), shape, repeats]
     return [" · ".join(p for p in parts if p)]
 
 
 # --- measured series ----------------------------------------------------------------------
 def _aggregate(ok: pd.DataFrame, x: str, series: Mapping[str, str]) -> pd.DataFrame:
-    """Long frame: one row per (engine_label, series, x) with mean/min/max over repeats."""
+    """Long frame: one row per (engine_label, series, x) with mean, min, max, runs and the
+    mean's 95% interval (ci_low, ci_high; NaN for a single run) over repeats."""
     extra = [c for c in (*_CONTEXT, *_knobs(ok)) if c in ok.columns and c != x]
     long = ok.melt(id_vars=["engine_label", x, *extra], value_vars=list(series),
                    var_name="metric", value_name="value")
@@ -147,11 +161,14 @@ def _aggregate(ok: pd.DataFrame, x: str, series: Mapping[str, str]) -> pd.DataFr
     long = long.dropna(subset=["value", x])
     long["series"] = long["metric"].map(series)
     keys = ["engine_label", "series", x]
+    cols = [*keys, "mean", "min", "max", "runs", "ci_low", "ci_high", *extra]
     if long.empty:
-        return pd.DataFrame(columns=[*keys, "mean", "min", "max", "runs", *extra])
+        return pd.DataFrame(columns=cols)
     grouped = long.groupby(keys, sort=True)
-    stats = grouped["value"].agg(mean="mean", min="min", max="max", runs="count")
-    return stats.join(grouped[extra].first()).reset_index() if extra else stats.reset_index()
+    out = grouped["value"].agg(mean="mean", min="min", max="max", runs="count")
+    ci = stats.describe(long, keys, "value").set_index(keys)[["ci_low", "ci_high"]]
+    out = out.join(ci)
+    return (out.join(grouped[extra].first()) if extra else out).reset_index()[cols]
 
 
 def _not_plotted(df: pd.DataFrame, x: str, columns: Iterable[str]) -> pd.DataFrame:
@@ -179,33 +196,119 @@ def _issue_note(issues: pd.DataFrame, x: str) -> str:
 
 
 def _tooltip(frame: pd.DataFrame, x: str, first: Iterable[str]) -> list[alt.Tooltip]:
-    fmt = {"mean": ".4~g", "min": ".4~g", "max": ".4~g"}
+    fmt = {c: ".4~g" for c in ("mean", "min", "max", "ci_low", "ci_high", "y")}
     cols = [c for c in ("engine_label", x, *first) if c in frame.columns]
     cols += [c for c in frame.columns if c not in cols]
     return [alt.Tooltip(field=c, type=_vl_type(frame[c]), format=fmt.get(c, alt.Undefined))
             for c in cols]
 
 
+@dataclass(frozen=True)
+class Saturation:
+    """Mark each curve's throughput peak and latency knee (rules: tunebook.stats.saturation):
+    the columns they are found from and the knee's thresholds. The marks sit on every panel
+    at the peak's and the knee's load point."""
+
+    throughput: str = "output_tok_s"
+    latency: str | None = "median_tpot_ms"
+    min_marginal_fraction: float = stats.MIN_MARGINAL_FRACTION
+    max_latency_multiple: float = stats.MAX_LATENCY_MULTIPLE
+
+    def short_rule(self, x: str) -> str:
+        one = "user" if x == "max_concurrency" else x
+        lat = (f" or {self.latency} > {self.max_latency_multiple:g}× its lowest-load value"
+               if self.latency else "")
+        return (f"peak = highest mean {self.throughput}; knee = last load before one more "
+                f"{one} adds < {self.min_marginal_fraction:.0%} of the lowest load's "
+                f"per-{one} rate{lat}")
+
+
+_MARK_SHAPES = {"peak": "diamond", "knee": "triangle-up", "peak = knee": "square"}
+
+
+def _saturation_marks(ok: pd.DataFrame, agg: pd.DataFrame, x: str, series: str,
+                      spec: Saturation) -> tuple[pd.DataFrame, list[str]]:
+    """Where to mark the peak and the knee of each curve on the panel of ``series`` (at that
+    panel's mean there), and subtitle lines: the rule, and curves whose knee was not found."""
+    cols = ["engine_label", x, "mean", "mark", "throughput", "latency", "knee_reason", "rule"]
+    # the rows: at most one mark per curve and load point ("peak = knee" when they coincide)
+    if ok.empty:
+        return pd.DataFrame(columns=cols), []
+    sat = stats.saturation(ok, x, spec.throughput, spec.latency, "engine_label",
+                           spec.min_marginal_fraction, spec.max_latency_multiple)
+    here = agg[agg["series"] == series]
+    keys = zip(here["engine_label"], pd.to_numeric(here[x]).astype(float), strict=True)
+    means = dict(zip(keys, here["mean"], strict=True))
+    rows, unfound = [], {}
+    for r in sat.to_dict("records"):
+        label, at = r["engine_label"], {}
+        for name, px, y, lat in (("peak", r["peak_x"], r["peak_y"], r["peak_latency"]),
+                                 ("knee", r["knee_x"], r["knee_y"], r["knee_latency"])):
+            if pd.notna(px):
+                at.setdefault(float(px), []).append((name, y, lat))
+        for px, marks in at.items():
+            mean = means.get((label, px))
+            if mean is None or pd.isna(mean):
+                continue
+            rows.append({"engine_label": label, x: px, "mean": mean,
+                         "mark": " = ".join(m[0] for m in marks),
+                         "throughput": marks[0][1], "latency": marks[0][2],
+                         "knee_reason": r["knee_reason"], "rule": r["rule"]})
+        if r["knee_status"] != stats.KNEE_FOUND:
+            unfound.setdefault(f"knee {r['knee_status']}", []).append(str(label))
+        if r["peak_at_edge"] and r["points"] > 1:
+            unfound.setdefault("peak at the largest load measured (it may lie beyond)",
+                               []).append(str(label))
+    notes = [spec.short_rule(x)] + [f"{what}: {', '.join(labels)}"
+                                    for what, labels in unfound.items()]
+    return pd.DataFrame(rows, columns=cols), [ln for n in notes for ln in wrap(n, 90)]
+
+
 def _measured(df: pd.DataFrame, x: str, series: Mapping[str, str], y_title: str,
-              title: str, dash_title: str | None = None) -> alt.LayerChart:
-    """Mean line per engine_label (and series), min–max bars, failures as crosses + a note."""
+              title: str, dash_title: str | None = None,
+              saturation: Saturation | None = None) -> alt.LayerChart:
+    """Mean line per engine_label (and series), 95% interval bars where a point has repeats,
+    failures as crosses + a note; with ``saturation``, each curve's peak and knee marked (on
+    the first series)."""
     require(df, "engine_label", "status", x, *series)
+    if saturation is not None:
+        require(df, saturation.throughput)
     df = labelled(df)
     ok = df[_is_ok(df)]
     agg = _aggregate(ok, x, series)
     issues = _not_plotted(df, x, series)
     domain = _labels(df)
     xenc, colour = _x(x, pd.concat([agg[x], issues[x]])), _colour(domain)
-    repeats = bool(len(agg)) and int(agg["runs"].max()) > 1
-    enc = dict(x=xenc, color=colour, tooltip=_tooltip(agg, x, ("series", "mean", "min", "max")))
+    repeats = _repeats_text(agg)
+    tips = ("series", "mean", "runs", "ci_low", "ci_high", "min", "max")
+    enc = dict(x=xenc, color=colour, tooltip=_tooltip(agg, x, tips))
     base = alt.Chart(agg).encode(y=alt.Y("mean:Q", title=y_title), **enc)
     dash = (alt.StrokeDash("series:N", title=dash_title, sort=list(series.values()))
             if dash_title else alt.Undefined)  # only on the line, so the legend shows dashes
     layers = [base.mark_line().encode(strokeDash=dash),
               base.mark_point(filled=True, size=36, opacity=1)]
     if repeats:
-        layers.append(alt.Chart(agg).mark_errorbar(ticks=True).encode(
-            y=alt.Y("min:Q", title=y_title), y2="max:Q", **enc))
+        bars = agg[(agg["runs"] >= 2) & agg["ci_low"].notna() & agg["ci_high"].notna()]
+        layers.append(alt.Chart(bars).mark_errorbar(ticks=True).encode(
+            y=alt.Y("ci_low:Q", title=y_title), y2="ci_high:Q", **enc))
+    subtitle = _context(ok, repeats)
+    if saturation is not None:
+        marks, notes = _saturation_marks(ok, agg, x, next(iter(series.values())), saturation)
+        subtitle += notes
+        if len(marks):
+            menc = dict(x=xenc, y=alt.Y("mean:Q", title=y_title), color=colour,
+                        tooltip=_tooltip(marks, x, ("mark", "throughput", "latency")))
+            shape = alt.Shape("mark:N", title="saturation",
+                              scale=alt.Scale(domain=list(_MARK_SHAPES),
+                                              range=list(_MARK_SHAPES.values())))
+            layers.append(alt.Chart(marks).mark_point(
+                size=190, filled=False, strokeWidth=2, opacity=1).encode(shape=shape, **menc))
+            for i, (_, curve) in enumerate(marks.groupby("engine_label", sort=True)):
+                # labels of curves marked at the same load point must not print over each
+                # other: each curve's labels sit at their own height above the point
+                layers.append(alt.Chart(curve).mark_text(
+                    dy=-15 - 12 * (i % 3), fontSize=11, fontWeight="bold").encode(
+                    text="mark:N", **menc))
     if len(issues):
         placed = issues.dropna(subset=[x])
         cross = alt.Chart(placed).mark_point(shape="cross", size=140, filled=True, opacity=1)
@@ -216,18 +319,28 @@ def _measured(df: pd.DataFrame, x: str, series: Mapping[str, str], y_title: str,
             align="left", baseline="top", lineBreak="\n", x=6, y=6, fontSize=11,
             color=FAILURE_COLOUR).encode(text="note:N"))
     return alt.layer(*layers).properties(
-        width=WIDTH, height=HEIGHT, title=titled(title, _context(ok, repeats)))
+        width=WIDTH, height=HEIGHT, title=titled(title, subtitle))
+
+
+def _saturation(option: bool | Saturation | None) -> Saturation | None:
+    if isinstance(option, Saturation):
+        return option
+    return Saturation() if option else None
 
 
 def scaling(df: pd.DataFrame, y: str = "output_tok_s", x: str = "max_concurrency",
-            title: str | None = None) -> alt.LayerChart:
-    """A measured metric vs concurrent users, one line per engine config."""
+            title: str | None = None, saturation: bool | Saturation = False
+            ) -> alt.LayerChart:
+    """A measured metric vs concurrent users, one line per engine config; ``saturation``
+    (True or a :class:`Saturation`) marks each curve's throughput peak and latency knee."""
     return _measured(df, x, {y: y}, axis_title(y),
-                     title or f"{axis_title(y)} vs {axis_title(x).split(' (')[0].lower()}")
+                     title or f"{axis_title(y)} vs {axis_title(x).split(' (')[0].lower()}",
+                     saturation=_saturation(saturation))
 
 
 def overlay(frames: Mapping[str, pd.DataFrame], y: str = "output_tok_s",
-            x: str = "max_concurrency", title: str | None = None) -> alt.LayerChart:
+            x: str = "max_concurrency", title: str | None = None,
+            saturation: bool | Saturation = False) -> alt.LayerChart:
     """Several experiments in one chart (CPU vs H200, vLLM 0.26 vs 0.32, yesterday vs today):
     one line per experiment × engine config, labelled "<experiment> · <engine config>"."""
     if not frames:
@@ -239,17 +352,20 @@ def overlay(frames: Mapping[str, pd.DataFrame], y: str = "output_tok_s",
             engine_label=lambda d, n=name: n + " · " + d["engine_label"].astype(str)))
     names = " vs ".join(frames)
     return _measured(pd.concat(parts, ignore_index=True), x, {y: y}, axis_title(y),
-                     title or f"{axis_title(y)}: {names}")
+                     title or f"{axis_title(y)}: {names}", saturation=_saturation(saturation))
 
 
-def latency_percentiles(df: pd.DataFrame, metric: str = "tpot") -> alt.LayerChart:
-    """p50 / p90 / p99 of ttft, tpot, itl or e2el (ms) vs concurrent users."""
+def latency_percentiles(df: pd.DataFrame, metric: str = "tpot",
+                        saturation: bool | Saturation = False) -> alt.LayerChart:
+    """p50 / p90 / p99 of ttft, tpot, itl or e2el (ms) vs concurrent users; ``saturation``
+    marks each curve's peak and knee on its p50 line."""
     if metric not in _METRIC_NAMES:
         raise ValueError(f"metric must be one of {list(_METRIC_NAMES)}, not {metric!r}")
     series = {f"{p}_{metric}_ms": p for p in PERCENTILES}
     name = f"{_METRIC_NAMES[metric]} ({metric.upper()}, ms)"
     return _measured(df, "max_concurrency", series, name,
-                     f"{name}: p50 / p90 / p99 vs concurrent users", dash_title="percentile")
+                     f"{name}: p50 / p90 / p99 vs concurrent users", dash_title="percentile",
+                     saturation=_saturation(saturation))
 
 
 def scaling_ratios(df: pd.DataFrame, metric: str, lo_users: int,
@@ -316,13 +432,16 @@ def display_label(label: str) -> str:
 class Curves:
     """A chart by declaration, in the manner of vLLM's ``benchmarks/sweep/plot.py``: ``y``
     against ``x``, one curve per value of ``curve_by``, rows kept by ``filter_by``. Several
-    ``y`` give one panel each. Failed runs are drawn as crosses and listed, as everywhere."""
+    ``y`` give one panel each. Failed runs are drawn as crosses and listed, as everywhere.
+    ``saturation=True`` (or a :class:`Saturation`) marks each curve's throughput peak and
+    latency knee on every panel."""
 
     y: str | tuple[str, ...] = "output_tok_s"
     x: str = "max_concurrency"
     curve_by: str = "engine_label"
     filter_by: tuple[tuple[str, Any], ...] = ()  # (column, value or tuple of values)
     title: str | None = None
+    saturation: bool | Saturation = False
 
     @property
     def ys(self) -> tuple[str, ...]:
@@ -346,7 +465,8 @@ def curves(df: pd.DataFrame, spec: Curves) -> alt.TopLevelMixin:
                        + df[spec.curve_by].astype("string").fillna("default"))
     panels = [_measured(df, spec.x, {y: y}, axis_title(y), spec.title if spec.title and
                         len(spec.ys) == 1 else
-                        f"{axis_title(y)} vs {axis_title(spec.x).split(' (')[0].lower()}")
+                        f"{axis_title(y)} vs {axis_title(spec.x).split(' (')[0].lower()}",
+                        saturation=_saturation(spec.saturation))
               for y in spec.ys]
     return panels[0] if len(panels) == 1 else alt.hconcat(*panels).resolve_scale(
         color="shared")
@@ -529,7 +649,7 @@ def offline_html(chart: alt.TopLevelMixin) -> str:
 
 
 __all__ = [
-    "Curves", "Ratio", "axis_title", "beside", "curves", "display_label", "latency_percentiles",
-    "manual_panel", "offline_html", "overlay", "ratio_bars", "ratio_first", "ref_bars",
-    "ref_text", "save_chart", "save_spec", "scaling", "scaling_ratios",
+    "Curves", "Ratio", "Saturation", "axis_title", "beside", "curves", "display_label",
+    "latency_percentiles", "manual_panel", "offline_html", "overlay", "ratio_bars",
+    "ratio_first", "ref_bars", "ref_text", "save_chart", "save_spec", "scaling", "scaling_ratios",
 ]

@@ -1,5 +1,6 @@
 """The claims table: for each figure an experiment targets, the manual's claim, what was measured
-here, where, and a verdict (holds / differs / cannot run here / not measured) with its reason.
+here, where, and a verdict (holds / differs / within noise / cannot run here / not measured)
+with its reason.
 
     claims.evaluate(["outputs/h200/ch01", "outputs/h200/ch02"])   # -> DataFrame, one row a claim
     claims.write(df, "outputs/h200")                              # claims.csv / .md / .html
@@ -24,6 +25,7 @@ from tunebook.evidence import (  # noqa: F401  (re-exported: the claims vocabula
     COLUMNS,
     DIFFERS,
     HOLDS,
+    NOISE,
     NOT_MEASURED,
     RATIO_TOLERANCE,
     VERDICTS,
@@ -55,7 +57,7 @@ def experiments_under(root: str | Path) -> list[Path]:
     return find_experiments(root, max_depth=1)
 
 
-_VERDICT_COLOUR = {HOLDS: "#54a24b", DIFFERS: "#e45756", CANNOT: "#9e9e9e",
+_VERDICT_COLOUR = {HOLDS: "#54a24b", DIFFERS: "#e45756", NOISE: "#7b93b0", CANNOT: "#9e9e9e",
                    NOT_MEASURED: "#bdbdbd"}
 
 

@@ -11,20 +11,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 import yaml
 
 from tunebook import schema
+from tunebook.stats import Interval, within_noise
 from tunebook.store import Store, ok_rows
 
 HOLDS = "holds"
 DIFFERS = "differs"
 CANNOT = "cannot run here"
 NOT_MEASURED = "not measured"
-VERDICTS = (HOLDS, DIFFERS, CANNOT, NOT_MEASURED)
-VERDICT_ICON = {HOLDS: "✅", DIFFERS: "⚠️", CANNOT: "⛔", NOT_MEASURED: "…"}
+# The difference that decides the verdict is smaller than the repeats' 95% intervals: the
+# measurement cannot tell holds from differs (more repeats may).
+NOISE = "within noise"
+VERDICTS = (HOLDS, DIFFERS, NOISE, CANNOT, NOT_MEASURED)
+VERDICT_ICON = {HOLDS: "✅", DIFFERS: "⚠️", NOISE: "〰️", CANNOT: "⛔", NOT_MEASURED: "…"}
 
 # A ratio "holds" when it is within this factor of the manual's (either way). Different
 # machines give different absolute numbers; a ratio within 25% says the same thing.
@@ -141,3 +145,102 @@ def within(measured: float, reference: float, factor: float = RATIO_TOLERANCE) -
 def times(v: float) -> str:
     """A ratio as text: 1.25×."""
     return f"{v:.2f}×" if math.isfinite(v) else "n/a"
+
+
+# --- verdicts that respect noise ------------------------------------------------------------
+class Decision(NamedTuple):
+    """A verdict word (one of VERDICTS) and the reason, ready for a Claim."""
+
+    verdict: str
+    why: str
+
+
+def noise_verdict(holds: bool, noisy: bool) -> str:
+    """HOLDS or DIFFERS by ``holds``, unless the deciding difference is ``noisy``: NOISE."""
+    return NOISE if noisy else HOLDS if holds else DIFFERS
+
+
+_EXPECT = {">": "higher than", "<": "lower than", "=": "the same as"}
+
+
+def compare(a: Interval, b: Interval, expect: str, names: tuple[str, str] = ("A", "B"),
+            unit: str = "", tolerance: float | None = None) -> Decision:
+    """A claim about two measured means: ``a`` is higher (``expect=">"``), lower (``"<"``)
+    or the same (``"="``) as ``b``.
+
+    ">"/"<" with intervals on both sides (2+ repeats each): overlapping intervals
+    (``stats.within_noise``) give NOISE — the claimed difference is smaller than the noise;
+    apart, the means decide HOLDS or DIFFERS.
+
+    "=" with intervals: when the means are within ``tolerance`` (a fraction: 0.15 = 15%) of
+    each other it HOLDS (the same for practical purposes, whatever the noise); otherwise
+    overlapping intervals give HOLDS without a tolerance ("the same within noise") and NOISE
+    with one (they look apart, but the repeats cannot tell), and apart intervals DIFFERS. Few
+    repeats make wide intervals, so "the same within noise" is weak evidence: the reason
+    prints the intervals.
+
+    With one run on either side noise is unmeasured: ">"/"<" go by the means; "=" by
+    ``tolerance`` (NOT_MEASURED without one). The reason says which case applied. A side with
+    no ok run is NOT_MEASURED."""
+    if expect not in _EXPECT:
+        raise ValueError(f"expect must be one of {list(_EXPECT)}, not {expect!r}")
+    na, nb = names
+    said = f"{na} {a.text(unit)} vs {nb} {b.text(unit)}"
+    if a.n == 0 or b.n == 0:
+        return Decision(NOT_MEASURED, f"{said}: no ok run on "
+                                      f"{'both sides' if a.n == b.n else na if a.n == 0 else nb}")
+    claim = f"the claim: {na} {_EXPECT[expect]} {nb}"
+    gap = abs(a.mean / b.mean - 1) if b.mean else math.inf
+    bar = f"{gap:.0%} apart, the bar is {tolerance:.0%}" if tolerance is not None else ""
+    if a.known and b.known:
+        overlap = within_noise(a, b)
+        if expect == "=":
+            if tolerance is not None and gap <= tolerance:
+                return Decision(HOLDS, f"{said}: {bar}")
+            if overlap:
+                return (Decision(HOLDS, f"{said}: the intervals overlap, the same within noise")
+                        if tolerance is None else
+                        Decision(NOISE, f"{said}: {bar}, but the intervals overlap, so the "
+                                        "difference is within noise"))
+            return Decision(DIFFERS, f"{said}: the intervals do not overlap"
+                                     + (f" ({bar})" if bar else ""))
+        if overlap:
+            return Decision(NOISE, f"{said}: the intervals overlap, so the difference is "
+                                   f"within noise ({claim})")
+        holds = a.mean > b.mean if expect == ">" else a.mean < b.mean
+        return Decision(HOLDS if holds else DIFFERS,
+                        f"{said}: the intervals do not overlap ({claim})")
+    unmeasured = "one run, noise not measured"
+    if expect == "=":
+        if tolerance is None:
+            return Decision(NOT_MEASURED, f"{said}: {unmeasured}; repeats are needed to tell "
+                                          "a match from noise")
+        return Decision(HOLDS if gap <= tolerance else DIFFERS, f"{said}: {bar} ({unmeasured})")
+    holds = a.mean > b.mean if expect == ">" else a.mean < b.mean
+    return Decision(HOLDS if holds else DIFFERS, f"{said}: by the means ({unmeasured}; "
+                                                 f"{claim})")
+
+
+def against_reference(measured: Interval, reference: float, factor: float = RATIO_TOLERANCE,
+                      name: str = "measured", unit: str = "x") -> Decision:
+    """A measured value (a ratio, usually) against the manual's: HOLDS when it lies within
+    ``factor`` of the reference either way (``within``).
+
+    With an interval: HOLDS when the whole interval lies inside [reference / factor,
+    reference × factor], DIFFERS when it lies wholly outside, NOISE when it straddles an
+    edge — the verdict would hinge on noise. With one run the mean decides, and the reason
+    says noise was not measured."""
+    ref = f"the manual's {reference:.3g}{'×' if unit == 'x' else ' ' + unit}"
+    band_lo, band_hi = reference / factor, reference * factor
+    said = f"{name} {measured.text(unit)} vs {ref} (holds within {factor:g}× either way)"
+    if measured.n == 0 or not math.isfinite(measured.mean):
+        return Decision(NOT_MEASURED, f"{name}: no ok run")
+    if not measured.known:
+        ok = within(measured.mean, reference, factor)
+        return Decision(HOLDS if ok else DIFFERS, f"{said}; one run, noise not measured")
+    if band_lo <= measured.low and measured.high <= band_hi:
+        return Decision(HOLDS, f"{said}: the whole interval is within")
+    if measured.high < band_lo or measured.low > band_hi:
+        return Decision(DIFFERS, f"{said}: the whole interval is outside")
+    return Decision(NOISE, f"{said}: the interval straddles the {factor:g}× bar, so the "
+                           "verdict is within noise")
