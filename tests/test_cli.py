@@ -140,6 +140,6 @@ def test_replot_redraws_stored_results_without_an_engine(tmp_path: Path) -> None
     assert report.notebook_parameters(ipynb)["dry_run"] is True
     assert sorted((exp / "engines").iterdir()) == logs_before  # nothing started
     html = (exp / "report.html").read_text()
-    assert "NVIDIA H200" in html and "nothing started" in html
+    assert "NVIDIA H200" in html and "nothing starts" in html
     assert main(["run", str(REPO / "params" / "ch01.yaml"), "--outputs",
                  str(tmp_path / "empty"), "--replot"]) == EXIT_BAD_PARAMS
