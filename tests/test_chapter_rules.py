@@ -1,4 +1,4 @@
-"""Chapter 3's rules on SYNTHETIC rows (made-up numbers with known answers, not measurements);
+"""Chapters 3 and 5: rules on SYNTHETIC rows (made-up numbers with known answers, not measurements);
 the measured verdicts come from outputs/*/ch03 (no engine here)."""
 
 from __future__ import annotations
@@ -77,3 +77,16 @@ def test_3_4_bigger_budget_raises_p99_itl() -> None:
     assert figures.verdict(_ev(rows), "3.4").verdict == DIFFERS
     other_rate = [{**r, "request_rate": 2.0} for r in rows]
     assert "not measured at the manual's" in figures.verdict(_ev(other_rate), "3.4").why
+
+
+def test_5_1_the_peak_is_not_the_knee() -> None:
+    # a saturating curve (synthetic): near-linear to 8 users, flat from 32
+    curve = ((1, 100.0, 10.0), (2, 198.0, 10.2), (4, 390.0, 10.5), (8, 760.0, 11.0),
+             (16, 900.0, 18.0), (32, 960.0, 33.0), (64, 965.0, 66.0))
+    rows = [{"max_concurrency": u, "output_tok_s": o, "median_tpot_ms": t} for u, o, t in curve]
+    c = figures.verdict(_ev(rows), "5.1")
+    assert c.verdict == HOLDS and c.measured_value == 64 and "knee at 8 users" in c.measured
+    linear = [{"max_concurrency": u, "output_tok_s": 100.0 * u, "median_tpot_ms": 10.0}
+              for u in (1, 2, 4, 8)]
+    assert figures.verdict(_ev(linear), "5.1").verdict == NOT_MEASURED  # not saturated yet
+    assert figures.get("5.1").chart(_ev(rows)).to_dict()
