@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from tunebook import figures
-from tunebook.evidence import DIFFERS, HOLDS, NOT_MEASURED, Evidence
+from tunebook.evidence import DIFFERS, HOLDS, NOISE, NOT_MEASURED, Evidence
 
 
 def _ev(rows: list[dict]) -> Evidence:
@@ -77,6 +77,12 @@ def test_3_4_bigger_budget_raises_p99_itl() -> None:
     assert figures.verdict(_ev(rows), "3.4").verdict == DIFFERS
     other_rate = [{**r, "request_rate": 2.0} for r in rows]
     assert "not measured at the manual's" in figures.verdict(_ev(other_rate), "3.4").why
+    # two repeats each whose 95% intervals overlap: the rise is within noise
+    noisy = [{**r, "run_id": f"{r['engine_config_id']}-{i}", "p99_itl_ms": itl}
+             for r, itls in zip(rows, ((50.0, 70.0), (60.0, 75.0)), strict=True)
+             for i, itl in enumerate(itls)]
+    c = figures.verdict(_ev(noisy), "3.4")
+    assert c.verdict == NOISE and "95% CI" in c.why
 
 
 def test_5_1_the_peak_is_not_the_knee() -> None:
