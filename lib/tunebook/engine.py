@@ -5,6 +5,11 @@
 - A random API key per engine goes through the environment (VLLM_API_KEY), never argv, so it
   is not in `ps`, in the process-tree record or in the log.
 - The whole log is written to a file; ready means `/health` answers 200.
+- Between load points the sweep talks to it over loopback: `GET /metrics` (tunebook.metrics)
+  and, when the engine runs in vLLM's dev mode (`VLLM_SERVER_DEV_MODE=1`, set only when a load
+  point asks for it), `POST /reset_prefix_cache`, the endpoint vLLM's own `vllm bench sweep`
+  calls after each benchmark. Dev mode also serves vLLM's other dev endpoints (sleep, RPC),
+  unauthenticated as /metrics is: the server listens on 127.0.0.1 only.
 - Stopped with TERM then KILL of the whole group on every exit path: `with`, exceptions,
   KeyboardInterrupt, interpreter exit (atexit). Engines left by a process that died hard
   (a killed Jupyter kernel) are found through their pid files and reaped on the next start.
@@ -99,14 +104,44 @@ def knob_flags(knobs: dict[str, Any]) -> list[str]:
 
 
 def build_argv(model: ModelRef, knobs: dict[str, Any], port: int,
-               python: str = sys.executable) -> list[str]:
+               python: str = sys.executable, prompt_tokens_details: bool = False) -> list[str]:
     argv = [python, "-m", SERVER_MODULE, "--model", model.path_or_id,
             "--served-model-name", SERVED_NAME, "--host", HOST, "--port", str(port)]
     if model.tokenizer and model.tokenizer != model.path_or_id:
         argv += ["--tokenizer", model.tokenizer]
     if model.load_format != "auto":
         argv += ["--load-format", model.load_format]
+    if prompt_tokens_details:  # usage.prompt_tokens_details.cached_tokens (the probe reads it)
+        argv += ["--enable-prompt-tokens-details"]
     return argv + knob_flags(knobs)
+
+
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How the server is started beyond its knobs: what load points need from it, not what is
+    measured (so not part of the engine config's id). A kept engine serves a later sweep only
+    if it was started with at least the options that sweep needs."""
+
+    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: POST /reset_prefix_cache exists
+    prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
+
+    def covers(self, need: ServerOptions) -> bool:
+        return (self.dev_mode or not need.dev_mode) and \
+            (self.prompt_tokens_details or not need.prompt_tokens_details)
+
+
+class EngineRequestError(RuntimeError):
+    """A request to the engine's HTTP API failed (status, or no answer)."""
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    ok: bool
+    attempts: int
+    detail: str  # what the server said, e.g. '{"success": false}' or 'HTTP 404'
 
 
 _HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{20,}")
@@ -216,10 +251,12 @@ class Engine:
 
     def __init__(self, model: ModelRef, knobs: dict[str, Any] | None = None,
                  env: dict[str, str] | None = None, log_path: Path | str = "engine.log",
-                 startup_timeout_s: float = 900.0, python: str = sys.executable):
+                 startup_timeout_s: float = 900.0, python: str = sys.executable,
+                 options: ServerOptions | None = None):
         self.model = model
         self.knobs = dict(knobs or {})
         self.env = dict(env or {})
+        self.options = options or ServerOptions()
         self.log_path = Path(log_path)
         self.startup_timeout_s = startup_timeout_s
         self.python = python
@@ -245,7 +282,8 @@ class Engine:
 
     @property
     def argv(self) -> list[str]:
-        return build_argv(self.model, self.knobs, self.port or 0, self.python)
+        return build_argv(self.model, self.knobs, self.port or 0, self.python,
+                          prompt_tokens_details=self.options.prompt_tokens_details)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -254,12 +292,7 @@ class Engine:
         """Start and wait until /health answers. Raises EngineStartError with a diagnosis."""
         reap_orphans()
         self.port = free_port()
-        env = {**os.environ, **self.env, "VLLM_API_KEY": self.api_key,
-               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
-               # Jupyter kernels force colour; a log full of escape codes is hard to read.
-               "VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1"}
-        for name in ("OPENAI_API_KEY", "FORCE_COLOR", "CLICOLOR_FORCE"):
-            env.pop(name, None)
+        env = self.server_env()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         with open(self.log_path, "ab") as log:
@@ -278,6 +311,19 @@ class Engine:
         self.facts = parse_startup(self.log_text())
         self.process_tree = self.snapshot_process_tree()
         return self.facts
+
+    def server_env(self) -> dict[str, str]:
+        """The server's environment: ours, the config's VLLM_* variables, then tunebook's own
+        (the API key, no usage stats, no colour; dev mode only when the options ask)."""
+        env = {**os.environ, **self.env, "VLLM_API_KEY": self.api_key,
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
+               # Jupyter kernels force colour; a log full of escape codes is hard to read.
+               "VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1"}
+        for name in ("OPENAI_API_KEY", "FORCE_COLOR", "CLICOLOR_FORCE", DEV_MODE_ENV):
+            env.pop(name, None)
+        if self.options.dev_mode:  # only when asked: never inherited from the shell
+            env[DEV_MODE_ENV] = "1"
+        return env
 
     def _wait_ready(self, t0: float, on_phase: Callable[[str, float], None] | None) -> None:
         phase, seen = "starting", 0
@@ -328,6 +374,65 @@ class Engine:
             self._pidfile.remove()
             self._pidfile = None
         _LIVE.discard(self)
+
+    # -- talking to it (loopback only) -----------------------------------------------------
+    def request(self, method: str, path: str, body: Any = None,
+                timeout_s: float = 10.0) -> tuple[int, bytes]:
+        """One HTTP request to this engine, with its API key; (status, body). A non-2xx status
+        is returned, not raised; no answer at all raises EngineRequestError."""
+        if self.port is None:
+            raise EngineRequestError("the engine was not started")
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        req = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method,
+                                     headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            raise EngineRequestError(f"{method} {path}: no answer ({reason})") from None
+
+    def metrics_text(self, timeout_s: float = 5.0) -> str:
+        """`GET /metrics`: vLLM's Prometheus text (tunebook.metrics parses it)."""
+        status, body = self.request("GET", "/metrics", timeout_s=timeout_s)
+        if status != 200:
+            raise EngineRequestError(f"GET /metrics: HTTP {status}")
+        return body.decode(errors="replace")
+
+    def reset_prefix_cache(self, attempts: int = 5, wait_s: float = 0.5) -> ResetResult:
+        """`POST /reset_prefix_cache` (vLLM's dev mode). vLLM answers `{"success": false}`
+        while blocks are still held (a request finishing); that is retried, with a doubling
+        wait (0.5 + 1 + 2 + 4 s over 5 attempts). Never raises: the result says what happened."""
+        detail = ""
+        for attempt in range(1, attempts + 1):
+            try:
+                status, body = self.request("POST", "/reset_prefix_cache", timeout_s=30.0)
+            except EngineRequestError as e:
+                return ResetResult(False, attempt, str(e))
+            text = body.decode(errors="replace").strip()[:200]
+            if status == 404:
+                why = ("the server has no /reset_prefix_cache: it was not started in dev mode "
+                       f"({DEV_MODE_ENV}=1)" if not self.options.dev_mode
+                       else "HTTP 404 from /reset_prefix_cache")
+                return ResetResult(False, attempt, why)
+            if status != 200:
+                return ResetResult(False, attempt, f"HTTP {status}: {text}")
+            try:
+                success = json.loads(text).get("success", True) if text else True
+            except (ValueError, AttributeError):
+                success = True  # older vLLM answered 200 with no JSON body
+            if success:
+                return ResetResult(True, attempt, text or "HTTP 200")
+            detail = f"the engine answered {text} (blocks still in use)"
+            if attempt < attempts:
+                time.sleep(wait_s * 2 ** (attempt - 1))
+        return ResetResult(False, attempts, detail)
 
     # -- reading ----------------------------------------------------------------------------
     def log_text(self) -> str:

@@ -1,8 +1,14 @@
 """Load an engine with vLLM's own benchmark client (`vllm.benchmarks.serve`), in-process.
 
 Every metric therefore means exactly what `vllm bench serve` means. tunebook only picks the
-arguments, gives each run a fresh dataset seed (a fixed seed lets the prefix cache inflate
-repeated runs), and renames nothing but the throughput keys (units in the name).
+arguments, gives each run a fresh dataset seed unless `load.seed` fixes one (a fixed seed sends
+the same prompts again, which a warm prefix cache then serves from memory), and renames nothing
+but the throughput keys (units in the name).
+
+The warm-ups (`num_warmups`) send the first measured prompt (vLLM's choice), so that prompt finds
+itself cached even right after a prefix-cache reset: a figure that needs every measured request
+cache-cold sets num_warmups: 0. vLLM's optional "initial test run" request (the same prompt) stays
+off, as vLLM's default is (`--ready-check-timeout-sec 0`, pinned): tunebook waited for /health.
 """
 
 from __future__ import annotations
@@ -33,27 +39,50 @@ _RENAME = {
 }
 
 
+# The block-reuse probe of Fig 3.3 (tunebook.probe): two requests per point, not a load.
+BLOCK_REUSE = "block_reuse"
+BENCH_DATASETS = ("random", "random_prefix", "prefix_repetition")  # vLLM's client sends these
+DATASETS = (*BENCH_DATASETS, BLOCK_REUSE)
+
+# Fields added to LoadPoint after runs were stored. At these values a field is left out of the
+# run id (tunebook.plan), so every run stored before it existed keeps its id and still resumes
+# as done; any other value makes a different run.
+_ID_NEUTRAL: dict[str, Any] = {"reset_prefix_cache": True, "seed": None}
+
+
 @dataclass(frozen=True)
 class LoadPoint:
-    dataset: str  # random | random_prefix | prefix_repetition
+    dataset: str  # one of DATASETS
     max_concurrency: int
     request_rate: float | None  # None = send all at once (inf)
-    input_len: int
+    input_len: int  # block_reuse: the length of both prompts
     output_len: int
-    prefix_len: int
+    prefix_len: int  # block_reuse: tokens the second prompt shares with the first
     num_prefixes: int
     num_prompts: int
     num_warmups: int
+    reset_prefix_cache: bool = True  # POST /reset_prefix_cache before the point
+    seed: int | None = None  # dataset seed; None = a fresh one per run
 
     def as_row(self) -> dict[str, Any]:
+        """The point's columns (the row says what happened: prefix_cache_reset, seed)."""
         d = asdict(self)
-        d.pop("num_prefixes")
+        for k in ("num_prefixes", "reset_prefix_cache", "seed"):
+            d.pop(k)
         return d
+
+    def identity(self) -> dict[str, Any]:
+        """What defines the point, for its run id (see _ID_NEUTRAL)."""
+        return {k: v for k, v in asdict(self).items()
+                if not (k in _ID_NEUTRAL and v == _ID_NEUTRAL[k])}
 
     @property
     def label(self) -> str:
+        if self.dataset == BLOCK_REUSE:
+            return f"block reuse, {self.prefix_len} of {self.input_len} shared"
         rate = "inf" if self.request_rate is None else f"{self.request_rate:g}"
-        return f"{self.max_concurrency} users, {rate} req/s"
+        prefix = f", prefix {self.prefix_len}" if self.prefix_len else ""
+        return f"{self.max_concurrency} users, {rate} req/s{prefix}"
 
 
 def bench_argv(point: LoadPoint, base_url: str, model_name: str, tokenizer: str,
@@ -68,6 +97,8 @@ def bench_argv(point: LoadPoint, base_url: str, model_name: str, tokenizer: str,
         "--seed", str(seed), "--ignore-eos", "--temperature", "0",
         "--percentile-metrics", PERCENTILE_METRICS, "--metric-percentiles", PERCENTILES,
         "--save-detailed", "--disable-tqdm",
+        # vLLM's default, pinned: its test request would cache the first measured prompt
+        "--ready-check-timeout-sec", "0",
     ]
     if point.dataset in ("random", "random_prefix"):
         argv += ["--dataset-name", "random", "--random-input-len", str(point.input_len),
@@ -80,12 +111,17 @@ def bench_argv(point: LoadPoint, base_url: str, model_name: str, tokenizer: str,
                  "--prefix-repetition-num-prefixes", str(point.num_prefixes),
                  "--prefix-repetition-output-len", str(point.output_len)]
     else:
-        raise ValueError(f"unknown dataset {point.dataset!r}")
+        raise ValueError(f"dataset {point.dataset!r} is not one vLLM's client sends")
     return argv
 
 
 def fresh_seed() -> int:
     return random.SystemRandom().randrange(1, 2**31 - 1)
+
+
+def point_seed(point: LoadPoint) -> int:
+    """The dataset seed of one run: the fixed `load.seed`, else a fresh one."""
+    return point.seed if point.seed is not None else fresh_seed()
 
 
 @contextlib.contextmanager

@@ -16,6 +16,11 @@ Layout of a params file (see params/quickstart.yaml for a commented example)::
     load: {dataset: random, users: [1, 2, 4, 8], input_len: 128, output_len: 32}
     repeats: 1
 
+`load.users`, `load.request_rates` and `load.prefix_len` may each be a list: one load point per
+combination. `load.reset_prefix_cache` (default true) empties the engine's prefix cache before
+each load point, so no point is flattered by what an earlier one left cached; a figure that
+studies the cache sets it false. `dataset: block_reuse` is Fig 3.3's probe (tunebook.probe).
+
 `load` reads files with `StrictLoader`: plain YAML values only, no duplicate keys, and limits
 on size, nesting and alias expansion, so a mistaken or hostile file fails in milliseconds.
 """
@@ -35,6 +40,8 @@ from typing import Any
 import yaml
 
 from tunebook import knobs, models
+from tunebook.engine import DEV_MODE_ENV
+from tunebook.load import BLOCK_REUSE, DATASETS
 
 # The largest plan we accept without `max_runs` / `max_prompts` being raised explicitly: a typo
 # such as users: [1..1000000] or users: [100000000] should fail here, not after a week of
@@ -53,13 +60,17 @@ ENV_NAME_RE = re.compile(r"^VLLM_[A-Z0-9_]+$")
 # Environment variables that could carry secrets never go through params.
 SECRET_ENV_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 
-DATASETS = ("random", "random_prefix", "prefix_repetition")
+# DATASETS (tunebook.load): random, random_prefix, prefix_repetition (vLLM's client), block_reuse.
 # Engine knobs, their types and allowed values: tunebook.knobs (one table).
 
 LOAD_KEYS = (
     "dataset", "users", "request_rates", "input_len", "output_len", "prefix_len",
     "num_prefixes", "prompts_per_user", "min_prompts", "num_prompts", "num_warmups",
+    "reset_prefix_cache", "seed",
 )
+# Load keys the block-reuse probe has no use for (it sends two requests per point).
+PROBE_UNUSED_KEYS = ("num_prefixes", "prompts_per_user", "min_prompts", "num_prompts",
+                     "num_warmups")
 TOP_KEYS = (
     "experiment", "notebook", "model", "description", "engine", "engine_grid", "engine_env",
     "load", "repeats", "max_runs", "max_prompts", "startup_timeout_s", "run_timeout_s", "figures",
@@ -88,21 +99,31 @@ class LoadParams:
     request_rates: tuple[float | None, ...] = (None,)  # req/s; None = all at once
     input_len: int = 128
     output_len: int = 32
-    prefix_len: int = 0  # shared prefix (random_prefix, prefix_repetition)
+    # shared prefix tokens (random_prefix, prefix_repetition; block_reuse: tokens the second
+    # prompt shares with the first); several values = one load point each
+    prefix_len: tuple[int, ...] = (0,)
     num_prefixes: int = 1  # distinct prefixes (prefix_repetition)
     prompts_per_user: int = 4  # num_prompts = max(min_prompts, users * prompts_per_user)
     min_prompts: int = 4
     num_prompts: int | None = None  # fixed count; overrides prompts_per_user
     num_warmups: int = 1
+    reset_prefix_cache: bool = True  # POST /reset_prefix_cache before each load point
+    seed: int | None = None  # dataset seed of every run; None = a fresh one per run
 
     def prompts(self, users: int) -> int:
         """Measured prompts of the load point at ``users`` concurrent users."""
+        if self.dataset == BLOCK_REUSE:
+            return 2
         return self.num_prompts or max(self.min_prompts, users * self.prompts_per_user)
 
+    def warmups(self) -> int:
+        return 0 if self.dataset == BLOCK_REUSE else self.num_warmups
+
     def prompts_sent(self) -> int:
-        """Prompts one pass over ``users`` x ``request_rates`` sends, warm-ups included."""
-        per_rate = sum(self.prompts(u) + self.num_warmups for u in self.users)
-        return per_rate * len(self.request_rates)
+        """Prompts one pass over ``users`` x ``request_rates`` x ``prefix_len`` sends, warm-ups
+        included."""
+        per_rate = sum(self.prompts(u) + self.warmups() for u in self.users)
+        return per_rate * len(self.request_rates) * len(self.prefix_len)
 
 
 @dataclass(frozen=True)
@@ -122,7 +143,10 @@ class Part:
 
 
 def _load_dict(load: LoadParams) -> dict[str, Any]:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in load.__dict__.items()}
+    out = {k: list(v) if isinstance(v, tuple) else v for k, v in load.__dict__.items()}
+    if len(load.prefix_len) == 1:  # a scalar stays a scalar (the panel edits it as one)
+        out["prefix_len"] = load.prefix_len[0]
+    return out
 
 
 @dataclass(frozen=True)
@@ -406,13 +430,17 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
             _context_checks(v, model.strip(), engine, grid, load_params)
         if load_params is not None and isinstance(repeats, int) and isinstance(max_runs, int):
             factors = {"engine_grid": len(grid), "load.users": len(load_params.users),
-                       "load.request_rates": len(load_params.request_rates), "repeats": repeats}
+                       "load.request_rates": len(load_params.request_rates),
+                       "load.prefix_len": len(load_params.prefix_len), "repeats": repeats}
             n = math.prod(factors.values())
             if n > max_runs:
+                prefixes = (f" x {len(load_params.prefix_len)} prefix lengths"
+                            if len(load_params.prefix_len) > 1 else "")
                 v.err(max(factors, key=lambda k: factors[k]),
-                      f"the plan has {len(grid)} engine configs x {len(load_params.users)} users x "
-                      f"{len(load_params.request_rates)} rates x {repeats} repeats = {n:,} runs, "
-                      f"over max_runs={max_runs}; narrow it or raise max_runs deliberately")
+                      f"the plan has {len(grid)} engine configs x {len(load_params.users)} "
+                      f"users x {len(load_params.request_rates)} rates{prefixes} x {repeats} "
+                      f"repeats = {n:,} runs, over max_runs={max_runs}; narrow it or raise "
+                      "max_runs deliberately")
             elif load_ok and isinstance(max_prompts, int):
                 _prompts_check(v, load_params, len(grid), repeats, max_prompts)
     v.raise_if_any()
@@ -476,7 +504,8 @@ def _parts(v: _Validator, data: dict, model: Any, engine: dict[str, Any], max_ru
             _context_checks(sub, model.strip(), engine, grid, load)
         if load is not None and isinstance(repeats, int) and isinstance(max_prompts, int):
             _prompts_check(sub, load, len(grid), repeats, max_prompts)
-            total_runs += len(grid) * len(load.users) * len(load.request_rates) * repeats
+            total_runs += (len(grid) * len(load.users) * len(load.request_rates)
+                           * len(load.prefix_len) * repeats)
         v.problems += [(f"{key}.{k}" if k else key, m) for k, m in sub.problems]
         if load is not None:
             out.append(Part(name, tuple(grid), load, part_figs))
@@ -507,10 +536,12 @@ def _figures(v: _Validator, raw: list) -> tuple[str, ...]:
 
 def _context_checks(v: _Validator, model: str, engine: dict[str, Any],
                     grid: list[dict[str, Any]], load: LoadParams) -> None:
-    """Each request (prefix + input + output tokens) must fit the engine config's
-    max_model_len or, when that is left to vLLM, the model's own context length (known
-    offline for a preset or a local folder; a hub id is not checked)."""
-    need = load.prefix_len + load.input_len + load.output_len
+    """Each request (prefix + input + output tokens, the longest prefix of the list; the probe's
+    prompts are input_len long) must fit the engine config's max_model_len or, when that is
+    left to vLLM, the model's own context length (known offline for a preset or a local folder;
+    a hub id is not checked)."""
+    prefix = 0 if load.dataset == BLOCK_REUSE else max(load.prefix_len)
+    need = prefix + load.input_len + load.output_len
     too_long: dict[str, list[int]] = {}  # what it exceeds -> the engine configs
     for i, override in enumerate(grid):
         merged = {**engine, **override}
@@ -528,7 +559,9 @@ def _context_checks(v: _Validator, model: str, engine: dict[str, Any],
         which = "" if len(grid) == 1 else f" (engine config {', '.join(map(str, configs))})"
         fix = ("raise max_model_len" if what.startswith("max_model_len")
                else "pick a model with a longer context")
-        v.err("load.input_len", f"prefix_len + input_len + output_len = {need:,} exceeds "
+        what_len = ("input_len + output_len" if load.dataset == BLOCK_REUSE
+                    else "prefix_len + input_len + output_len")
+        v.err("load.input_len", f"{what_len} = {need:,} exceeds "
                                 f"{what}{which}: shorten the requests or {fix}")
 
 
@@ -551,11 +584,12 @@ def _prompts_check(v: _Validator, load: LoadParams, n_engines: int, repeats: int
         "load.min_prompts": total(replace(load, min_prompts=d.min_prompts)),
         "load.num_warmups": total(replace(load, num_warmups=d.num_warmups)),
         "load.request_rates": total(replace(load, request_rates=(None,))),
+        "load.prefix_len": total(replace(load, prefix_len=(0,))),
         "engine_grid": total(load, engines=1),
         "repeats": total(load, reps=1),
     }
     key = min(shrunk, key=lambda k: shrunk[k])  # ties: the first listed (users, then counts)
-    runs = n_engines * repeats * len(load.users) * len(load.request_rates)
+    runs = n_engines * repeats * len(load.users) * len(load.request_rates) * len(load.prefix_len)
     largest = max(load.prompts(u) for u in load.users)
     v.err(key, f"the plan sends {n:,} prompts (num_prompts + num_warmups over {runs:,} run(s); "
                f"the largest run sends {largest:,}), over max_prompts={max_prompts:,}; "
@@ -630,6 +664,9 @@ def _engine_env(v: _Validator, raw: Any) -> dict[str, str]:
         key = f"engine_env.{k}"
         if isinstance(k, str) and SECRET_ENV_RE.search(k):
             v.err(key, "secrets never go in params; export them in the shell instead")
+        elif k == DEV_MODE_ENV:
+            v.err(key, "is set by tunebook, only for engines whose load points reset the "
+                       "prefix cache (load.reset_prefix_cache); leave it out")
         elif not isinstance(k, str) or not ENV_NAME_RE.match(k):
             v.err(key, "only VLLM_* environment variables may be set here; set others in the "
                        "shell that runs tunebook")
@@ -650,7 +687,9 @@ def _load(v: _Validator, raw: Any) -> LoadParams | None:
     dataset = v.get(raw, "dataset", str, default=d.dataset, prefix="load")
     if isinstance(dataset, str) and dataset not in DATASETS:
         v.err("load.dataset", f"must be one of {DATASETS}, got {_short(dataset)}")
-    users = _int_list(v, raw.get("users", list(d.users)), "load.users")
+    # the probe is one user; a load defaults to a small concurrency sweep
+    users = _int_list(v, raw.get("users", [1] if dataset == BLOCK_REUSE else list(d.users)),
+                      "load.users")
     rates_raw = raw.get("request_rates", [None])
     rates: list[float | None] = []
     if not isinstance(rates_raw, list) or not rates_raw:
@@ -668,26 +707,80 @@ def _load(v: _Validator, raw: Any) -> LoadParams | None:
                 rates.append(float(r))
     if len(set(rates)) != len(rates):
         v.err("load.request_rates", "has duplicates: each rate runs once per repeat")
+    prefix_lens = _prefix_lens(v, raw.get("prefix_len", 0))
     lp = dict(
         input_len=v.number(raw, "input_len", int, d.input_len, lo=1, prefix="load"),
         output_len=v.number(raw, "output_len", int, d.output_len, lo=1, prefix="load"),
-        prefix_len=v.number(raw, "prefix_len", int, d.prefix_len, lo=0, prefix="load"),
         num_prefixes=v.number(raw, "num_prefixes", int, d.num_prefixes, lo=1, prefix="load"),
         prompts_per_user=v.number(raw, "prompts_per_user", int, d.prompts_per_user, lo=1,
                                   prefix="load"),
         min_prompts=v.number(raw, "min_prompts", int, d.min_prompts, lo=1, prefix="load"),
         num_prompts=v.number(raw, "num_prompts", int, None, lo=1, prefix="load"),
         num_warmups=v.number(raw, "num_warmups", int, d.num_warmups, lo=0, prefix="load"),
+        reset_prefix_cache=v.get(raw, "reset_prefix_cache", bool, default=d.reset_prefix_cache,
+                                 prefix="load"),
+        seed=v.number(raw, "seed", int, None, lo=0, prefix="load"),
     )
-    if dataset in ("random_prefix", "prefix_repetition") and lp["prefix_len"] == 0:
+    if dataset in ("random_prefix", "prefix_repetition") and 0 in prefix_lens:
         v.err("load.prefix_len", f"dataset {dataset!r} needs prefix_len > 0 (shared prefix "
-                                 "tokens per prompt)")
-    if dataset == "random" and isinstance(lp["prefix_len"], int) and lp["prefix_len"] > 0:
-        v.err("load.prefix_len", "is only used by random_prefix / prefix_repetition; "
-                                 "set dataset: random_prefix")
+                                 "tokens per prompt)" + (" in every entry" if len(prefix_lens) > 1
+                                                         else ""))
+    if dataset == "random" and any(prefix_lens):
+        v.err("load.prefix_len", "is only used by random_prefix / prefix_repetition / "
+                                 "block_reuse; set dataset: random_prefix")
+    if dataset == BLOCK_REUSE:
+        _probe_checks(v, raw, users, rates, prefix_lens, lp)
     if len(v.problems) > n0:
         return LoadParams() if not users else LoadParams(users=tuple(users))
-    return LoadParams(dataset=dataset, users=tuple(users), request_rates=tuple(rates), **lp)
+    return LoadParams(dataset=dataset, users=tuple(users), request_rates=tuple(rates),
+                      prefix_len=tuple(prefix_lens), **lp)
+
+
+def _prefix_lens(v: _Validator, raw: Any) -> list[int]:
+    """`prefix_len`: one number of tokens (>= 0), or a non-empty list of them (one load point
+    each)."""
+    values = raw if isinstance(raw, list) else [raw]
+    if isinstance(raw, list) and not raw:
+        v.err("load.prefix_len", "must be a number of tokens >= 0 or a non-empty list of them, "
+                                 "got []")
+        return []
+    out = []
+    for i, x in enumerate(values):
+        key = f"load.prefix_len[{i}]" if isinstance(raw, list) else "load.prefix_len"
+        if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+            v.err(key, f"must be an integer >= 0 (tokens), got {_tname(x)} {_short(x)}")
+        else:
+            out.append(x)
+    if len(set(out)) != len(out):
+        dups = sorted({x for x in out if out.count(x) > 1})
+        v.err("load.prefix_len", f"has duplicates ({_short(dups)}): list each value once")
+    return out  # empty only when every entry was wrong (and said so)
+
+
+def _probe_checks(v: _Validator, raw: dict, users: list[int], rates: list[float | None],
+                  prefix_lens: list[int], lp: dict[str, Any]) -> None:
+    """The block-reuse probe (tunebook.probe): one user, two requests per point, a cold cache,
+    and a second prompt that differs from the base somewhere (k < input_len)."""
+    why = "the block_reuse probe sends two requests per point, one after the other"
+    if users and users != [1]:
+        v.err("load.users", f"must be [1]: {why}")
+    if rates and rates != [None]:
+        v.err("load.request_rates", f"must be left out: {why}")
+    for key in PROBE_UNUSED_KEYS:
+        if key in raw:
+            v.err(f"load.{key}", f"does not apply: {why}; leave it out")
+    if lp["reset_prefix_cache"] is False:
+        v.err("load.reset_prefix_cache", "must be true for block_reuse: the base prompt must "
+                                         "find the cache empty, so that what the second one "
+                                         "finds cached comes from the base alone")
+    n = lp["input_len"]
+    if isinstance(n, int):
+        for i, k in enumerate(prefix_lens):
+            if k >= n:
+                v.err("load.prefix_len", f"{k} (entry {i}) must be below input_len {n}: the "
+                                         "second prompt shares its first prefix_len tokens "
+                                         "with the base, then differs")
+                break
 
 
 def _int_list(v: _Validator, raw: Any, key: str) -> list[int]:

@@ -1,7 +1,9 @@
 """The grid: engine configs × load points × repeats, with stable ids (for resume).
 
 One engine start per engine config; its load points run inside it. Ids hash what defines a
-run, so the same params always plan the same run ids. The resume key is the run id *and* the
+run, so the same params always plan the same run ids; a field added to load points later is left
+out of the hash at its neutral value (tunebook.load._ID_NEUTRAL), so runs stored before it existed
+keep their ids. The resume key is the run id *and* the
 vLLM version (`Resume`): a run done with another vLLM is run again, and the dry run says so.
 """
 
@@ -47,7 +49,7 @@ class PlannedRun:
     def __post_init__(self) -> None:
         if not self.run_id:
             rate = "inf" if self.point.request_rate is None else f"{self.point.request_rate:g}"
-            rid = (f"{self.engine.id}-p{_digest(self.point.__dict__, 6)}"
+            rid = (f"{self.engine.id}-p{_digest(self.point.identity(), 6)}"
                    f"-u{self.point.max_concurrency}-q{rate}-r{self.repeat}")
             object.__setattr__(self, "run_id", rid)
 
@@ -141,6 +143,8 @@ class Plan:
                 p = r.point
                 line = (f"{p.label:<22} {p.dataset} in={p.input_len} out={p.output_len} "
                         f"prefix={p.prefix_len} prompts={p.num_prompts} repeat={r.repeat}"
+                        + ("" if p.reset_prefix_cache else " (no cache reset)")
+                        + ("" if p.seed is None else f" seed={p.seed}")
                         + (f" [{r.part}]" if r.part else ""))
                 if r.run_id in resume.done:
                     version = resume.done[r.run_id]
@@ -177,12 +181,13 @@ def make_plan(p: SweepParams) -> Plan:
         points = [
             LoadPoint(
                 dataset=ld.dataset, max_concurrency=u, request_rate=rate, input_len=ld.input_len,
-                output_len=ld.output_len, prefix_len=ld.prefix_len, num_prefixes=ld.num_prefixes,
-                num_prompts=ld.prompts(u),
-                num_warmups=ld.num_warmups,
+                output_len=ld.output_len, prefix_len=k, num_prefixes=ld.num_prefixes,
+                num_prompts=ld.prompts(u), num_warmups=ld.warmups(),
+                reset_prefix_cache=ld.reset_prefix_cache, seed=ld.seed,
             )
             for rate in ld.request_rates
             for u in ld.users
+            for k in ld.prefix_len
         ]
         for e in configs:
             for pt in points:

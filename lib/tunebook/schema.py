@@ -94,15 +94,22 @@ COLUMNS: tuple[Column, ...] = (
     _C("model", "string", "model spec as written in params (preset, folder or hub id)"),
     _C("load_format", "string", "vLLM --load-format: 'dummy' means random weights"),
     # --- load point (vLLM bench serve arguments) ------------------------------------------
-    _C("dataset", "string", "random | random_prefix | prefix_repetition"),
+    _C("dataset", "string", "random | random_prefix | prefix_repetition | block_reuse "
+                            "(Fig 3.3's probe: two requests, see tunebook.probe)"),
     _C("max_concurrency", "Int64", "concurrent users (vLLM --max-concurrency); <NA> = unbounded"),
     _C("request_rate", "float64", "offered load in requests/s; <NA> = all at once (inf)"),
     _C("input_len", "Int64", "prompt tokens per request (random part)"),
     _C("output_len", "Int64", "output tokens per request (EOS ignored)"),
-    _C("prefix_len", "Int64", "shared prefix tokens per request (0 = none)"),
+    _C("prefix_len", "Int64", "shared prefix tokens per request (0 = none); block_reuse: "
+                              "tokens the second prompt shares with the first"),
     _C("num_prompts", "Int64", "requests in the measured run"),
     _C("num_warmups", "Int64", "warm-up requests before measuring"),
-    _C("seed", "Int64", "dataset seed (fresh per run so the prefix cache cannot inflate repeats)"),
+    _C("seed", "Int64", "dataset seed: fresh per run (so repeats send new prompts) unless "
+                        "load.seed fixes it"),
+    _C("prefix_cache_reset", "boolean",
+       "the engine's prefix cache was emptied (POST /reset_prefix_cache) just before this load "
+       "point; False: not asked (load.reset_prefix_cache false) or the reset failed (then the "
+       "run is 'failed' and error says why); <NA>: rows from before tunebook reset caches"),
     # --- vLLM's metrics, names as vLLM reports them (units in the name) ------------------
     _C("duration_s", "float64", "benchmark wall time, seconds"),
     _C("completed", "Int64", "requests that succeeded"),
@@ -128,6 +135,29 @@ COLUMNS: tuple[Column, ...] = (
     _C("spec_decode_acceptance_rate", "float64",
        "drafts accepted / proposed (meaningless with dummy weights)"),
     _C("spec_decode_acceptance_length", "float64", "mean tokens per target pass"),
+    # --- the engine's own /metrics over the load point (tunebook.metrics) ----------------
+    # Counter deltas between a scrape just before and one just after the load point: they
+    # include its warm-ups. <NA> when a scrape failed or the engine restarted in between.
+    _C("prefix_cache_hit_tokens", "Int64",
+       "prompt tokens the prefix cache served (vllm:prefix_cache_hits delta)"),
+    _C("prefix_cache_query_tokens", "Int64",
+       "prompt tokens looked up in the prefix cache (vllm:prefix_cache_queries delta)"),
+    _C("preemptions", "Int64", "requests preempted by the scheduler (vllm:num_preemptions delta)"),
+    _C("engine_prompt_tokens", "Int64",
+       "prompt tokens the engine received, cached ones included (vllm:prompt_tokens delta)"),
+    _C("engine_generation_tokens", "Int64",
+       "tokens the engine generated (vllm:generation_tokens delta)"),
+    # Gauge maxima over scrapes every 0.5 s while the load point ran (metrics_samples of them)
+    _C("max_running_requests", "Int64", "most requests in the running batch "
+                                        "(vllm:num_requests_running)"),
+    _C("max_waiting_requests", "Int64", "most requests queued (vllm:num_requests_waiting)"),
+    _C("max_kv_cache_usage", "float64",
+       "fullest the KV cache got, a fraction: 1 = every block in use (vllm:kv_cache_usage_perc)"),
+    _C("metrics_samples", "Int64", "scrapes of /metrics while the load point ran"),
+    _C("kv_block_size", "Int64", "tokens per KV-cache block the engine used "
+                                 "(vllm:cache_config_info)"),
+    _C("cached_tokens", "Int64", "block_reuse: prompt tokens of the second prompt the engine "
+                                 "served from cache (usage.prompt_tokens_details.cached_tokens)"),
     # --- engine start-up facts (Fig 1.1), parsed from the engine log ---------------------
     _C("vllm_version", "string", "vLLM version the engine reported"),
     _C("model_runner", "string", "'V1' or 'V2' model runner"),

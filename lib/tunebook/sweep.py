@@ -7,6 +7,11 @@ Guarantees (see README "When things go wrong"):
 - Ctrl-C / SIGTERM mark the run in flight `interrupted`, stop the engine, then propagate;
 - resume = run the same params again: runs with an `ok` attempt made with the installed vLLM
   version are skipped; one made with another version is run again (see tunebook.plan.Resume).
+
+Each load point: the prefix cache is reset first when the point asks (load.reset_prefix_cache;
+a reset that fails makes the run `failed`, it is never skipped silently), the engine's /metrics
+is read before and after and sampled while it runs (tunebook.metrics), then vLLM's benchmark
+client (or Fig 3.3's probe, tunebook.probe) sends the requests.
 """
 
 from __future__ import annotations
@@ -26,9 +31,17 @@ from typing import Any
 
 import yaml
 
-from tunebook import config, hardware, schema
-from tunebook.engine import Engine, EngineStartError
-from tunebook.load import bench_argv, fresh_seed, metrics_row, request_arrays, run_bench
+from tunebook import config, hardware, probe, schema
+from tunebook import metrics as engine_metrics
+from tunebook.engine import Engine, EngineRequestError, EngineStartError, ServerOptions
+from tunebook.load import (
+    BLOCK_REUSE,
+    bench_argv,
+    metrics_row,
+    point_seed,
+    request_arrays,
+    run_bench,
+)
 from tunebook.models import ModelRef, resolve_model
 from tunebook.params import SweepParams
 from tunebook.plan import EngineConfig, Plan, PlannedRun, Resume, make_plan
@@ -158,9 +171,11 @@ class EngineKeeper:
             stack.enter_context(machine_lock(wait_s))
             self._lock = stack
 
-    def take(self, cfg: EngineConfig) -> Engine | None:
-        """The kept engine if it runs `cfg` and is alive; otherwise stop it and return None."""
-        if self.engine is not None and self.config_id == cfg.id and self.engine.alive():
+    def take(self, cfg: EngineConfig, options: ServerOptions | None = None) -> Engine | None:
+        """The kept engine if it runs `cfg` with at least `options` and is alive; otherwise
+        stop it and return None."""
+        if self.engine is not None and self.config_id == cfg.id and self.engine.alive() \
+                and self.engine.options.covers(options or ServerOptions()):
             return self.engine
         self._stop_engine()
         return None
@@ -266,11 +281,13 @@ class Sweep:
     def _run_engine(self, cfg: EngineConfig, runs: list[PlannedRun], model: ModelRef,
                     result: SweepResult, bar: Any) -> None:
         pending = list(runs)
+        options = server_options(runs)
         while pending:
-            kept = self.keeper.take(cfg) if self.keeper else None
+            kept = self.keeper.take(cfg, options) if self.keeper else None
             engine = kept or Engine(model, cfg.knobs, cfg.env,
                                     self.store.engine_log_path(cfg.id),
-                                    startup_timeout_s=self.params.startup_timeout_s)
+                                    startup_timeout_s=self.params.startup_timeout_s,
+                                    options=options)
             bar.set_description(f"[{cfg.label}] " + ("engine kept up" if kept else
                                                      "starting engine"))
             try:
@@ -305,43 +322,87 @@ class Sweep:
 
     def _one(self, run: PlannedRun, model: ModelRef, engine: Engine,
              result: SweepResult) -> None:
-        seed = fresh_seed()
-        argv = bench_argv(run.point, engine.base_url, "tunebook-model", model.tokenizer, seed)
+        point = run.point
+        seed = point_seed(point)
         started = utc_now()
+        row_extra: dict[str, Any] = {"prefix_cache_reset": False}
+        if point.reset_prefix_cache:
+            reset = engine.reset_prefix_cache()
+            if not reset.ok:  # measured on a warm cache the point would flatter: not run
+                self._save(run, model, engine, result, status=schema.STATUS_FAILED,
+                           started=started, seed=seed, row_extra=row_extra,
+                           error=f"prefix cache reset failed after {reset.attempts} "
+                                 f"attempt(s): {reset.detail}"[:500],
+                           error_hint="load.reset_prefix_cache needs the engine's dev mode "
+                                      "(tunebook sets VLLM_SERVER_DEV_MODE=1) and no request "
+                                      "in flight; set it false to measure on a warm cache")
+                return
+            row_extra["prefix_cache_reset"] = True
+        scrape_errors: list[str] = []
+        before = self._scrape(engine, scrape_errors)
+        sampler = engine_metrics.Sampler(engine.metrics_text)
         try:
-            res, printed = run_bench(argv, api_key=engine.api_key,
-                                     timeout_s=self.params.run_timeout_s)
+            with sampler:
+                if point.dataset == BLOCK_REUSE:
+                    found = probe.run(engine, point, seed, timeout_s=self.params.run_timeout_s,
+                                      vocab_size=(model.config or {}).get("vocab_size"))
+                else:
+                    argv = bench_argv(point, engine.base_url, "tunebook-model",
+                                      model.tokenizer, seed)
+                    res, printed = run_bench(argv, api_key=engine.api_key,
+                                             timeout_s=self.params.run_timeout_s)
         except (KeyboardInterrupt, Terminated) as e:
             self._save(run, model, engine, result, status=schema.STATUS_INTERRUPTED,
-                       started=started, seed=seed, error=f"interrupted ({type(e).__name__})")
+                       started=started, seed=seed, row_extra=row_extra,
+                       error=f"interrupted ({type(e).__name__})")
             raise
         except Exception as e:  # noqa: BLE001 - any client failure is recorded, not fatal
             status = schema.STATUS_FAILED if engine.alive() else schema.STATUS_INTERRUPTED
             why = "" if engine.alive() else f" (engine exited, code {engine.proc.returncode})"
             self._save(run, model, engine, result, status=status, started=started, seed=seed,
-                       error=f"{type(e).__name__}: {e}{why}"[:500],
+                       row_extra=row_extra, error=f"{type(e).__name__}: {e}{why}"[:500],
                        extra={"engine_log_tail": engine.log_tail()})
             return
-        metrics = metrics_row(res, run.point)
+        after = self._scrape(engine, scrape_errors)
+        row_extra.update(engine_metrics.row(before, after, sampler))
+        extra: dict[str, Any] = {
+            "engine_metrics": engine_metrics.record(before, after, sampler, scrape_errors)}
         status = schema.STATUS_OK
         error = None
+        if point.dataset == BLOCK_REUSE:
+            metrics, error = found.row, found.error
+            extra.update(found.record)
+            if error:
+                status = schema.STATUS_FAILED
+        else:
+            metrics = metrics_row(res, point)
+            extra.update({"requests": request_arrays(res), "bench_output": printed[-4000:]})
+            if not metrics.get("completed"):
+                status, error = schema.STATUS_FAILED, _first_error(res) or "no request completed"
+            elif metrics.get("failed_requests"):
+                # vLLM's metrics leave failed requests out: the numbers would flatter this run.
+                status = schema.STATUS_FAILED
+                error = (f"{metrics['failed_requests']} request(s) failed: "
+                         f"{_first_error(res)}")[:500]
         if not engine.alive():
             status, error = schema.STATUS_INTERRUPTED, "engine exited during the run"
-        elif not metrics.get("completed"):
-            status, error = schema.STATUS_FAILED, _first_error(res) or "no request completed"
-        elif metrics.get("failed_requests"):
-            # vLLM's metrics leave failed requests out: the numbers would flatter this run.
-            status = schema.STATUS_FAILED
-            error = f"{metrics['failed_requests']} request(s) failed: {_first_error(res)}"[:500]
         self._save(run, model, engine, result, status=status, started=started, seed=seed,
-                   metrics=metrics, error=error,
-                   extra={"requests": request_arrays(res), "bench_output": printed[-4000:]})
+                   metrics=metrics, row_extra=row_extra, error=error, extra=extra)
+
+    @staticmethod
+    def _scrape(engine: Engine, errors: list[str]) -> engine_metrics.Snapshot | None:
+        """One /metrics snapshot; a failure is noted in the run's JSON, the point goes on."""
+        try:
+            return engine_metrics.Snapshot.from_text(engine.metrics_text())
+        except (EngineRequestError, engine_metrics.MetricsParseError) as e:
+            errors.append(str(e)[:200])
+            return None
 
     def _save(self, run: PlannedRun, model: ModelRef, engine: Engine, result: SweepResult, *,
               status: str, started: str | None = None, seed: int | None = None,
-              metrics: dict | None = None, error: str | None = None,
-              error_line: str | None = None, error_hint: str | None = None,
-              extra: dict | None = None) -> None:
+              metrics: dict | None = None, row_extra: dict | None = None,
+              error: str | None = None, error_line: str | None = None,
+              error_hint: str | None = None, extra: dict | None = None) -> None:
         facts = engine.facts.as_row() if engine.facts else {}
         row: dict[str, Any] = {
             "schema_version": schema.SCHEMA_VERSION, "run_id": run.run_id,
@@ -351,7 +412,7 @@ class Sweep:
             "started_at": started or utc_now(), "finished_at": utc_now(),
             "model": run.engine.model, "load_format": model.load_format,
             **run.point.as_row(), "seed": seed,
-            **(metrics or {}), **facts, "startup_s": engine.startup_s,
+            **(metrics or {}), **(row_extra or {}), **facts, "startup_s": engine.startup_s,
             "error": error, "error_line": error_line, "error_hint": error_hint,
             **hardware.machine(),
             **run.engine.knobs,
@@ -375,6 +436,14 @@ class Sweep:
             result.failed += 1
         if self.on_result:
             self.on_result(row)
+
+
+def server_options(runs: list[PlannedRun]) -> ServerOptions:
+    """What the engine must be started with for these runs: dev mode when any resets the
+    prefix cache, prompt-token details when any is the block-reuse probe."""
+    return ServerOptions(
+        dev_mode=any(r.point.reset_prefix_cache for r in runs),
+        prompt_tokens_details=any(r.point.dataset == BLOCK_REUSE for r in runs))
 
 
 def _first_error(res: dict) -> str | None:

