@@ -23,8 +23,17 @@ from tunebook.evidence import (
 from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
 from tunebook.manual import result, setting
 
-CHAPTER = chapter(3, "The scheduler's knobs", None,
-                  "max_num_seqs, prefix caching, block reuse and the chunked-prefill budget.")
+CHAPTER = chapter(
+    3, "The scheduler's knobs", "03_scheduler",
+    """The manual's chapter 3 (figures 3.1–3.4): what capping running sequences does past the cap,
+how the prefix cache keeps the first token fast as a shared prompt grows, how cached blocks are
+reused only up to the first block that differs, and what a bigger token budget per step costs
+the users who are decoding. One experiment with four load shapes (`parts:`); the default engine
+config serves three of them and starts once. Every load point starts from an empty prefix cache
+(`POST /reset_prefix_cache`), and each row keeps what the engine's own `/metrics` counted.
+
+`tunebook run params/ch03.yaml` runs it on the embedded CPU default; `params/ch03-h200.yaml` on a
+GPU.""")
 
 _NO_MACHINE = "The claim names no machine."
 
@@ -227,8 +236,12 @@ class BlockReuse(FigureUnit):
         if ok.empty or not {"cached_tokens", "prefix_len"} <= set(ok.columns):
             return pd.DataFrame(columns=cols)
         ok = ok[ok["cached_tokens"].notna()]
-        bs = pd.to_numeric(ok.get("block_size", pd.Series(index=ok.index, dtype=float)),
-                           errors="coerce").fillna(16).astype(int)  # vLLM's default block
+        # the engine's own block size (from /metrics), else the knob that set it
+        bs = pd.Series(float("nan"), index=ok.index)
+        for col in ("kv_block_size", "block_size"):
+            if col in ok.columns:
+                bs = bs.fillna(pd.to_numeric(ok[col], errors="coerce"))
+        ok, bs = ok[bs.notna()], bs[bs.notna()].astype(int)
         t = ok.assign(block_size=bs)[["engine_label", "block_size", "prefix_len",
                                       "cached_tokens"]].copy()
         t["whole_blocks"] = (t.prefix_len // t.block_size) * t.block_size
