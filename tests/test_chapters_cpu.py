@@ -158,6 +158,7 @@ def test_ch02_live(tmp_path: Path, shared_engine: SharedEngine) -> None:
                     {"engine_grid": [{}], "engine_env": dict(shared_engine.cfg.env),
                      "load.users": [1]})
     assert make_plan(params).engines[0].id == shared_engine.cfg.id
+    shared_engine.up()
     starts = shared_engine.keeper.starts
     result = shared_engine.sweep(params, tmp_path).run()
     assert (result.ok, result.failed) == (1, 0) and shared_engine.keeper.starts == starts
