@@ -1,8 +1,232 @@
-"""Makes lib/ importable when the tunebook package is not installed."""
+"""What every test shares.
 
+- lib/ is importable when the tunebook package is not installed.
+- TUNEBOOK_STATE_DIR points into the session's temp folder: no test reads or writes the
+  user's pid files and machine lock (~/.cache/tunebook).
+- `shared_engine`: ONE vLLM engine of the suite's common config (SHARED_ENGINE below), kept up
+  for the whole session through an EngineKeeper. An engine start costs about a minute of both
+  CPU cores, and the quickstart's default config, params/ch01.yaml, params/tune.yaml and the
+  fault tests' BASE all plan this same engine config: every in-process sweep of it runs on this
+  engine instead of starting its own (test_chapters_cpu checks that the configs still match).
+  A papermill kernel or a subprocess cannot use it: those start their own engines.
+- `replots`: `tunebook run PARAMS --replot` of committed experiments (copied to a temp folder),
+  each in a subprocess launched when the session starts, for the tests marked
+  `@pytest.mark.replot(name)`. A replot is ~10 s of one core (a notebook kernel and its
+  imports); the suite without engines keeps the other core idle, so they run there meanwhile.
+- Engine tests run after all the others, replot users just before them (same order otherwise):
+  quick failures come first and the background replots overlap the quick tests. The last
+  engine test (the panel's) stops the shared engine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-LIB = Path(__file__).resolve().parents[1] / "lib"
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LIB = REPO / "lib"
 if str(LIB) not in sys.path:
     sys.path.insert(0, str(LIB))
+
+# The engine config the suite shares (model, knobs, env: what EngineConfig.id hashes).
+SHARED_ENGINE: dict[str, Any] = {
+    "model": "qwen3-tiny",
+    "engine": {"max_model_len": 1024},
+    "engine_env": {"VLLM_CPU_KVCACHE_SPACE": 1},
+}
+
+_SESSION_T0 = time.time()
+
+
+def shared_config():  # -> tunebook.plan.EngineConfig
+    from tunebook import params as P
+    from tunebook.plan import make_plan
+
+    return make_plan(P.parse({"experiment": "shared", **SHARED_ENGINE})).engines[0]
+
+
+class SharedEngine:
+    """The session's engine of the SHARED_ENGINE config, held by `keeper`.
+
+    Pass `keeper` to a Sweep (or use `sweep()`): a sweep of the same engine config runs on the
+    kept engine; one that finds it dead (a test killed it) starts a fresh one and keeps that.
+    Its pid file and machine lock live in `state_dir`, apart from each test's own, so the
+    fault tests' "nothing left running" checks see it only where they exclude it (`pgids()`).
+    """
+
+    def __init__(self, root: Path):
+        from tunebook.sweep import EngineKeeper
+
+        self.root = root
+        self.session_root = root.parent  # pytest's base temp folder of this session
+        self.state_dir = root / "state"
+        self.cfg = shared_config()
+        self.keeper = EngineKeeper()
+
+    def up(self):  # -> tunebook.engine.Engine
+        """The kept engine; started (again, if a test stopped or killed it) when needed."""
+        from tunebook.engine import Engine
+        from tunebook.models import resolve_model
+
+        mp = pytest.MonkeyPatch()
+        mp.setenv("TUNEBOOK_STATE_DIR", str(self.state_dir))
+        try:
+            self.keeper.hold_machine(0)
+            engine = self.keeper.take(self.cfg)
+            if engine is None:
+                log = self.root / "engines" / f"{self.cfg.id}__{self.keeper.starts}.log"
+                engine = Engine(resolve_model(self.cfg.model), self.cfg.knobs, self.cfg.env,
+                                log, startup_timeout_s=600)
+                self.keeper.starts += 1
+                engine.start()
+                self.keeper.keep(self.cfg, engine)
+        finally:
+            mp.undo()
+        return engine
+
+    def pgids(self) -> set[int]:
+        """Process group of the kept engine, if one is up (its API server's pid)."""
+        e = self.keeper.engine
+        return {e.proc.pid} if e is not None and e.alive() else set()
+
+    def sweep(self, params: Any, outputs: Path, **kw: Any):  # -> tunebook.sweep.Sweep
+        from tunebook.sweep import Sweep
+
+        self.up()
+        return Sweep(params, outputs, progress=False, keeper=self.keeper, **kw)
+
+
+# name -> (params file, committed experiment under outputs/)
+REPLOTS: dict[str, tuple[str, str]] = {
+    "cpu-ch01": ("ch01.yaml", "cpu/ch01"),
+    "cpu-ch02": ("ch02.yaml", "cpu/ch02"),
+    "h200-ch01": ("ch01-h200.yaml", "h200/ch01"),
+}
+
+
+class Replot:
+    """`tunebook run PARAMS --outputs OUT --replot -q` on a copy of a committed experiment, in a
+    subprocess; `wait()` gives its exit code and output."""
+
+    def __init__(self, params_file: str, stored: str, outputs: Path):
+        import yaml
+
+        self.params = REPO / "params" / params_file
+        self.outputs = outputs
+        self.exp = outputs / yaml.safe_load(self.params.read_text())["experiment"]
+        shutil.copytree(REPO / "outputs" / stored, self.exp)
+        self.engine_logs_before = sorted((self.exp / "engines").iterdir())
+        self._proc: subprocess.Popen | None = None
+        self._done: tuple[int, str] | None = None
+        self._finished = threading.Event()
+
+    def run(self) -> None:
+        path = os.pathsep.join(p for p in (str(LIB), os.environ.get("PYTHONPATH")) if p)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "tunebook.cli", "run", str(self.params), "--outputs",
+                 str(self.outputs), "--replot", "-q"], stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": path})
+            out, _ = self._proc.communicate()
+            self._done = (self._proc.returncode, out)
+        finally:
+            self._finished.set()
+
+    def wait(self, timeout_s: float = 600) -> tuple[int, str]:
+        if not self._finished.wait(timeout_s):
+            raise TimeoutError(f"replot of {self.params.name} still running after {timeout_s} s")
+        assert self._done is not None, "the replot did not start"
+        return self._done
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "replot(name): uses the background replot `name` (see conftest.REPLOTS)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Replot users after the other quick tests (their replots have had time to finish),
+    engine tests last; each group in its own order (a stable sort)."""
+    def group(item: pytest.Item) -> int:
+        if item.get_closest_marker("engine"):
+            return 2
+        return 1 if item.get_closest_marker("replot") else 0
+
+    items.sort(key=group)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def replots(request: pytest.FixtureRequest,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Replot]]:
+    """The replots the selected tests use, started now (see the module docstring)."""
+    names = {m.args[0] for item in request.session.items for m in item.iter_markers("replot")}
+    started = {n: Replot(*REPLOTS[n], tmp_path_factory.mktemp(f"replot-{n}"))
+               for n in sorted(names)}
+
+    def one_after_another() -> None:  # one core's worth: the tests keep the other
+        for r in started.values():
+            r.run()
+
+    threading.Thread(target=one_after_another, daemon=True).start()
+    yield started
+    for r in started.values():
+        r.kill()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TUNEBOOK_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="session")
+def shared_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedEngine]:
+    shared = SharedEngine(tmp_path_factory.mktemp("shared-engine"))
+    yield shared
+    shared.keeper.stop()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """How many vLLM engines this session started: the suite's cost, countable on any machine
+    (wall time is noisy). One engine log is written per start, wherever the test put it."""
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    try:
+        base = factory.getbasetemp()
+    except (OSError, ValueError):
+        return
+    started = ready = 0
+    seen: set[tuple[str, int, float]] = set()
+    for log in base.rglob("*.log"):
+        if not log.is_file():
+            continue
+        st = log.stat()
+        # copies keep name, size and mtime (copytree): committed experiments (older than this
+        # session) and a test's copy of another test's experiment are not starts
+        key = (log.name, st.st_size, st.st_mtime)
+        if st.st_mtime < _SESSION_T0 or key in seen:
+            continue
+        seen.add(key)
+        text = log.read_text(errors="replace")
+        if "APIServer pid=" in text or "vllm.entrypoints.openai.api_server" in text:
+            started += 1
+            ready += "Application startup complete" in text
+    if started:
+        terminalreporter.write_line(
+            f"vLLM engine starts this session: {started} ({ready} became ready)")

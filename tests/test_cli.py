@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import Replot
 from tunebook.cli import EXIT_BAD_PARAMS, EXIT_LOCKED, EXIT_OK, main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,22 +125,20 @@ def test_export_writes_png_and_svg(tmp_path: Path) -> None:
     assert pngs[0].read_bytes()[:4] == b"\x89PNG" and b"<svg" in svgs[0].read_bytes()[:500]
 
 
-def test_replot_redraws_stored_results_without_an_engine(tmp_path: Path) -> None:
-    """Results brought back from the H200: the notebook runs again on them alone."""
-    import shutil
-
+@pytest.mark.replot("h200-ch01")
+def test_replot_redraws_stored_results_without_an_engine(replots: dict[str, Replot],
+                                                         tmp_path: Path) -> None:
+    """Results brought back from the H200: the notebook runs again on them alone (the replot
+    of a copy of outputs/h200/ch01 ran in the background: see conftest)."""
     from tunebook import report
 
-    exp = tmp_path / "ch01"
-    shutil.copytree(REPO / "outputs" / "h200" / "ch01", exp)
-    logs_before = sorted((exp / "engines").iterdir())
-    rc = main(["run", str(REPO / "params" / "ch01-h200.yaml"), "--outputs", str(tmp_path),
-               "--replot", "-q"])
-    assert rc == EXIT_OK
-    ipynb = report.latest_notebook(exp)
+    r = replots["h200-ch01"]
+    rc, out = r.wait()
+    assert rc == EXIT_OK, out
+    ipynb = report.latest_notebook(r.exp)
     assert report.notebook_parameters(ipynb)["dry_run"] is True
-    assert sorted((exp / "engines").iterdir()) == logs_before  # nothing started
-    html = (exp / "report.html").read_text()
+    assert sorted((r.exp / "engines").iterdir()) == r.engine_logs_before  # nothing started
+    html = (r.exp / "report.html").read_text()
     assert "NVIDIA H200" in html and "nothing starts" in html
     assert main(["run", str(REPO / "params" / "ch01.yaml"), "--outputs",
                  str(tmp_path / "empty"), "--replot"]) == EXIT_BAD_PARAMS

