@@ -74,18 +74,22 @@ class SharedEngine:
 
     def up(self):  # -> tunebook.engine.Engine
         """The kept engine; started (again, if a test stopped or killed it) when needed."""
-        from tunebook.engine import Engine
+        from tunebook.engine import Engine, ServerOptions
         from tunebook.models import resolve_model
+
+        # every option a sweep of this config may need (a prefix-cache reset, the block-reuse
+        # probe's cached-token counts): a kept engine serves only sweeps it covers
+        full = ServerOptions(dev_mode=True, prompt_tokens_details=True)
 
         mp = pytest.MonkeyPatch()
         mp.setenv("TUNEBOOK_STATE_DIR", str(self.state_dir))
         try:
             self.keeper.hold_machine(0)
-            engine = self.keeper.take(self.cfg)
+            engine = self.keeper.take(self.cfg, full)
             if engine is None:
                 log = self.root / "engines" / f"{self.cfg.id}__{self.keeper.starts}.log"
                 engine = Engine(resolve_model(self.cfg.model), self.cfg.knobs, self.cfg.env,
-                                log, startup_timeout_s=600)
+                                log, startup_timeout_s=600, options=full)
                 self.keeper.starts += 1
                 engine.start()
                 self.keeper.keep(self.cfg, engine)
@@ -110,6 +114,8 @@ REPLOTS: dict[str, tuple[str, str]] = {
     "cpu-ch01": ("ch01.yaml", "cpu/ch01"),
     "cpu-ch02": ("ch02.yaml", "cpu/ch02"),
     "h200-ch01": ("ch01-h200.yaml", "h200/ch01"),
+    "cpu-ch03": ("ch03.yaml", "cpu/ch03"),
+    "cpu-ch05": ("ch05.yaml", "cpu/ch05"),
 }
 
 

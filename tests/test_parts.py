@@ -92,3 +92,12 @@ def test_figures_read_the_rows_of_their_parts() -> None:
     no_parts = Evidence(Path("/x"), pd.DataFrame(rows), [], {"figures": ["3.1"]})
     assert no_parts.for_figure("3.1") is no_parts
     assert figures.verdict(ev, "3.2").figure == "3.2"
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "params")
+                                        .glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_params_file_round_trips(path: Path) -> None:
+    """What a sweep records (inputs/params__*.yaml, to_dict) parses again to the same plan."""
+    p = P.load(path)
+    again = P.parse(p.to_dict(), source=f"{path.name} again")
+    assert [r.run_id for r in make_plan(again).runs] == [r.run_id for r in make_plan(p).runs]

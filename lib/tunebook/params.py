@@ -766,8 +766,10 @@ def _probe_checks(v: _Validator, raw: dict, users: list[int], rates: list[float 
         v.err("load.users", f"must be [1]: {why}")
     if rates and rates != [None]:
         v.err("load.request_rates", f"must be left out: {why}")
+    defaults = LoadParams()
     for key in PROBE_UNUSED_KEYS:
-        if key in raw:
+        # a default value is what to_dict() writes back: only a value that was chosen is wrong
+        if key in raw and raw[key] != getattr(defaults, key):
             v.err(f"load.{key}", f"does not apply: {why}; leave it out")
     if lp["reset_prefix_cache"] is False:
         v.err("load.reset_prefix_cache", "must be true for block_reuse: the base prompt must "
