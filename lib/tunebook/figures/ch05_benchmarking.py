@@ -65,6 +65,9 @@ class PeakIsNotKnee(FigureUnit):
         holds = r.knee_x < r.peak_x
         why = (f"the knee comes before the peak ({r.rule})" if holds else
                f"the peak is at the knee ({r.rule})")
+        if bool(r.get("peak_at_edge")):
+            why += ("; the peak is the largest load measured, so the curve's true peak may lie "
+                    "further out — the knee before it holds either way")
         return self.verdict(ev, text, HOLDS if holds else DIFFERS, why,
                             float(r.peak_x), self.ref("peak_users").value)
 
