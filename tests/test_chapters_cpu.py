@@ -233,6 +233,7 @@ def test_ch05_notebook_on_stored_rows(replots: dict[str, Replot]) -> None:
     assert nb.name.startswith("05_benchmarking__")
     html = nb.with_suffix(".html").read_text()
     assert "data:image/svg+xml" in html and "peak" in html and "knee" in html
+    assert not report.external_resources(html)
     c = _claims(exp)["5.1"]
     df = pd.read_parquet(exp / "results.parquet")
     best = df.loc[df.output_tok_s.idxmax()]
