@@ -99,6 +99,8 @@ def chapter(ch: figures.Chapter) -> nbf.NotebookNode:
     for unit in ch.figures:
         cells += [md(f"## Fig {unit.fig} — {unit.title}\n{unit.narrative}".rstrip()),
                   code(f'wb.figure("{unit.fig}")')]
+    for text, call in ch.extras:
+        cells += [md(text), code(call)]
     cells += [md("## The numbers\nStart-up facts per engine config, the headline metrics per "
                  "load point, and every run that did not succeed with the line that explains it."),
               code("wb.startup_facts()"), code("wb.summary()"), code("wb.failures()"), *CLAIMS]

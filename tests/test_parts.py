@@ -101,3 +101,16 @@ def test_every_shipped_params_file_round_trips(path: Path) -> None:
     p = P.load(path)
     again = P.parse(p.to_dict(), source=f"{path.name} again")
     assert [r.run_id for r in make_plan(again).runs] == [r.run_id for r in make_plan(p).runs]
+
+
+def test_a_probe_part_does_not_inherit_counts_meant_for_the_others() -> None:
+    data = yaml.safe_load(yaml.safe_dump(CHAPTER))
+    data["load"].update(num_warmups=2, prompts_per_user=3)  # for the cap and prefix parts
+    data["parts"].append({"name": "blocks", "engine_grid": [{}],
+                          "load": {"dataset": "block_reuse", "users": [1], "input_len": 64,
+                                   "prefix_len": [16, 32]}})
+    p = P.parse(data, source="ch.yaml")
+    assert p.parts[0].load.num_warmups == 2 and p.parts[2].load.dataset == "block_reuse"
+    data["parts"][2]["load"]["num_warmups"] = 1  # set on the probe itself: refused
+    with pytest.raises(P.ParamsError, match=r"parts\[2\]\.load\.num_warmups"):
+        P.parse(data, source="ch.yaml")

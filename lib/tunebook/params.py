@@ -143,7 +143,10 @@ class Part:
 
 
 def _load_dict(load: LoadParams) -> dict[str, Any]:
-    out = {k: list(v) if isinstance(v, tuple) else v for k, v in load.__dict__.items()}
+    """The load as params YAML; the block-reuse probe's leaves out the keys it refuses."""
+    skip = PROBE_UNUSED_KEYS if load.dataset == "block_reuse" else ()
+    out = {k: list(v) if isinstance(v, tuple) else v for k, v in load.__dict__.items()
+           if k not in skip}
     if len(load.prefix_len) == 1:  # a scalar stays a scalar (the panel edits it as one)
         out["prefix_len"] = load.prefix_len[0]
     return out
@@ -490,7 +493,11 @@ def _parts(v: _Validator, data: dict, model: Any, engine: dict[str, Any], max_ru
         if not isinstance(load_raw, dict):
             sub.err("load", f"must be a mapping, got {_tname(load_raw)}")
             load_raw = {}
-        load = _load(sub, {**top_load, **load_raw})
+        inherited = dict(top_load)
+        if {**top_load, **load_raw}.get("dataset") == "block_reuse":
+            # the probe refuses counts and warm-ups: the shared load's are for other parts
+            inherited = {k: v for k, v in inherited.items() if k not in PROBE_UNUSED_KEYS}
+        load = _load(sub, {**inherited, **load_raw})
         part_figs = _figures(sub, item.get("figures") or [])
         stray = [f for f in part_figs if figures and f not in figures]
         if stray:
@@ -766,10 +773,8 @@ def _probe_checks(v: _Validator, raw: dict, users: list[int], rates: list[float 
         v.err("load.users", f"must be [1]: {why}")
     if rates and rates != [None]:
         v.err("load.request_rates", f"must be left out: {why}")
-    defaults = LoadParams()
     for key in PROBE_UNUSED_KEYS:
-        # a default value is what to_dict() writes back: only a value that was chosen is wrong
-        if key in raw and raw[key] != getattr(defaults, key):
+        if key in raw:
             v.err(f"load.{key}", f"does not apply: {why}; leave it out")
     if lp["reset_prefix_cache"] is False:
         v.err("load.reset_prefix_cache", "must be true for block_reuse: the base prompt must "

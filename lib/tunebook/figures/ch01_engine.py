@@ -33,7 +33,10 @@ with vLLM's own benchmark client from 1 to 64 concurrent users. Each figure is s
 verdict: *holds*, *differs* (and why), *cannot run here* or *not measured*.
 
 `tunebook run params/ch01.yaml` runs it on the embedded CPU default; `params/ch01-h200.yaml`
-on a GPU.""")
+on a GPU.""",
+    extras=(("## Latency percentiles\np50 / p90 / p99 time per output token against users: "
+             "how the tail grows with load, beside the medians Fig 1.3 compares.",
+             'charts.latency_percentiles(wb.table(), "tpot") if len(wb.table()) else None'),))
 
 # --- Fig 1.1: start-up facts --------------------------------------------------------------
 STARTUP_FACTS = {  # column -> header; the first six are the manual's six lines

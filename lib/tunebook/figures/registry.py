@@ -69,6 +69,7 @@ class Chapter:
     title: str
     notebook: str | None  # notebooks/<name>.ipynb, generated from the registry; None: none yet
     intro: str  # markdown: what the chapter shows and how to run it
+    extras: tuple[tuple[str, str], ...] = ()  # (markdown, code) cells after the figures
 
     @property
     def figures(self) -> list[FigureUnit]:
@@ -182,11 +183,12 @@ def figure(fig: str) -> Callable[[type[FigureUnit]], type[FigureUnit]]:
     return register
 
 
-def chapter(number: int, title: str, notebook: str | None, intro: str) -> Chapter:
+def chapter(number: int, title: str, notebook: str | None, intro: str,
+            extras: tuple[tuple[str, str], ...] = ()) -> Chapter:
     """Register a chapter (one per chapter module)."""
     if number in CHAPTERS:
         raise ValueError(f"chapter {number} is registered twice")
-    CHAPTERS[number] = Chapter(number, title, notebook, intro)
+    CHAPTERS[number] = Chapter(number, title, notebook, intro, extras)
     return CHAPTERS[number]
 
 
