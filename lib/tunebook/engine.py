@@ -39,7 +39,7 @@ import psutil
 from tunebook import config
 from tunebook import knobs as knob_table
 from tunebook.hardware import machine
-from tunebook.models import ModelRef, weights_gib_estimate
+from tunebook.models import PRESETS, ModelRef, resolve_model, weights_gib_estimate
 from tunebook.startup import Diagnosis, StartupFacts, diagnose, parse_startup, strip_ansi
 
 HOST = "127.0.0.1"
@@ -103,6 +103,16 @@ def knob_flags(knobs: dict[str, Any]) -> list[str]:
     return knob_table.argv(knobs)
 
 
+def resolve_draft(knobs: dict[str, Any]) -> dict[str, Any]:
+    """The knobs with a draft model named by a tunebook preset (speculative_config.model)
+    replaced by the preset's folder, built on first use; anything else is left as given."""
+    spec = knobs.get("speculative_config")
+    name = spec.get("model") if isinstance(spec, dict) else None
+    if not isinstance(name, str) or name not in PRESETS:
+        return knobs
+    return {**knobs, "speculative_config": {**spec, "model": resolve_model(name).path_or_id}}
+
+
 def build_argv(model: ModelRef, knobs: dict[str, Any], port: int,
                python: str = sys.executable, prompt_tokens_details: bool = False) -> list[str]:
     argv = [python, "-m", SERVER_MODULE, "--model", model.path_or_id,
@@ -113,7 +123,7 @@ def build_argv(model: ModelRef, knobs: dict[str, Any], port: int,
         argv += ["--load-format", model.load_format]
     if prompt_tokens_details:  # usage.prompt_tokens_details.cached_tokens (the probe reads it)
         argv += ["--enable-prompt-tokens-details"]
-    return argv + knob_flags(knobs)
+    return argv + knob_flags(resolve_draft(knobs))
 
 
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
@@ -162,8 +172,10 @@ class _PidFile:
     def write(pgid: int, port: int, log: Path) -> _PidFile:
         me = psutil.Process()
         p = state_dir() / f"{pgid}.json"
-        p.write_text(json.dumps({"pgid": pgid, "port": port, "log": str(log),
-                                 "owner_pid": me.pid, "owner_started": me.create_time()}))
+        tmp = p.with_suffix(".tmp")  # reap_orphans (another engine's start) globs *.json only
+        tmp.write_text(json.dumps({"pgid": pgid, "port": port, "log": str(log),
+                                   "owner_pid": me.pid, "owner_started": me.create_time()}))
+        os.replace(tmp, p)
         return _PidFile(p)
 
     def remove(self) -> None:
@@ -265,6 +277,9 @@ class Engine:
         self.proc: subprocess.Popen | None = None
         self.facts: StartupFacts | None = None
         self.startup_s: float | None = None
+        # Engines started at the same time on this machine (Sweep's start_together): more
+        # than one makes startup_s a time under contention, not this config's own.
+        self.started_together = 1
         self.process_tree: list[dict[str, Any]] = []
         self._pidfile: _PidFile | None = None
 

@@ -74,7 +74,7 @@ PROBE_UNUSED_KEYS = ("num_prefixes", "prompts_per_user", "min_prompts", "num_pro
 TOP_KEYS = (
     "experiment", "notebook", "model", "description", "engine", "engine_grid", "engine_env",
     "load", "repeats", "max_runs", "max_prompts", "startup_timeout_s", "run_timeout_s", "figures",
-    "parts",
+    "parts", "start_together",
 )
 PART_KEYS = ("name", "engine_grid", "load", "figures")
 
@@ -169,6 +169,8 @@ class SweepParams:
     run_timeout_s: float = 1800.0
     figures: tuple[str, ...] = ()
     parts: tuple[Part, ...] = ()  # several load shapes; empty: engine_grid × load
+    # Engine configs started at once, then measured one at a time (tunebook.sweep).
+    start_together: int = 1
     source: str = "<params>"
 
     def all_parts(self) -> tuple[Part, ...]:
@@ -194,6 +196,8 @@ class SweepParams:
             "run_timeout_s": self.run_timeout_s,
             "figures": list(self.figures),
         }
+        if self.start_together != 1:
+            out["start_together"] = self.start_together
         if self.parts:
             del out["engine_grid"]
             out["parts"] = [part.to_dict() for part in self.parts]
@@ -413,19 +417,24 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
     startup_timeout_s = v.number(data, "startup_timeout_s", (int, float), 900.0, lo=1)
     run_timeout_s = v.number(data, "run_timeout_s", (int, float), 1800.0, lo=1)
     figures = _figures(v, v.get(data, "figures", list, default=[]))
-    parts = _parts(v, data, model, engine, max_runs, repeats, max_prompts, figures)
+    start_together = v.number(data, "start_together", int, 1, lo=1)
+    together = start_together if isinstance(start_together, int) else 1
+    parts = _parts(v, data, model, engine, max_runs, repeats, max_prompts, figures, together)
+    if isinstance(start_together, int) and start_together > 1:
+        grids = [g for part in parts for g in part.engine_grid] if parts else grid
+        _together_checks(v, start_together, [{**engine, **g} for g in grids])
 
     # Cross-field checks, on each engine config as it will run; a problem of the shared
     # `engine` knobs is reported once, under `engine`.
     if "model" in engine:
         v.err("engine.model", "set the model at the top level (model: ...); an engine_grid "
                               "entry {model: ...} swaps it for one engine config")
-    base = _engine_problems(engine)
+    base = _engine_problems(engine, together)
     for sub, msg in base:
         v.err(f"engine.{sub}", msg)
     for i, override in enumerate(grid):
         merged = {**engine, **override}
-        for sub, msg in _engine_problems(merged):
+        for sub, msg in _engine_problems(merged, together):
             if (sub, msg) not in base:
                 v.err(f"engine_grid[{i}].{sub}", msg)
     if "parts" not in data:  # with parts, each part was checked with its grid (see _parts)
@@ -452,12 +461,33 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
         engine=engine, engine_grid=tuple(grid), engine_env=engine_env, load=load_params,
         repeats=repeats, max_runs=max_runs, max_prompts=max_prompts,
         startup_timeout_s=float(startup_timeout_s), run_timeout_s=float(run_timeout_s),
-        figures=figures, parts=parts, source=source,
+        figures=figures, parts=parts, start_together=start_together, source=source,
     )
 
 
+def _together_checks(v: _Validator, n: int, configs: list[dict[str, Any]]) -> None:
+    """Engines that start together share one accelerator: each must fit beside the others.
+    vLLM sizes its KV pool by profiling the GPU's memory use, which would count the other
+    engines' allocations as its own; kv_cache_memory_bytes skips that profile. And each engine
+    first checks that gpu_memory_utilization x the GPU's memory is free."""
+    if any("kv_cache_memory_bytes" not in c for c in configs):
+        v.err("start_together", f"{n} engines starting together would profile GPU memory at "
+                                "the same time and count each other's allocations; set "
+                                "engine.kv_cache_memory_bytes (e.g. 4294967296 for 4 GiB) "
+                                "so each skips the profile")
+    util = max((float(u) for c in configs
+                if isinstance(u := c.get("gpu_memory_utilization", 0.9), (int, float))
+                and not isinstance(u, bool)), default=0.9)
+    if n * util > 1.0:
+        v.err("start_together", f"{n} engines x gpu_memory_utilization {util:g} = "
+                                f"{n * util:.2f} of the GPU; each engine checks at start that "
+                                "its share is free: set gpu_memory_utilization to at most "
+                                f"{1.0 / n:.3f}")
+
+
 def _parts(v: _Validator, data: dict, model: Any, engine: dict[str, Any], max_runs: Any,
-           repeats: Any, max_prompts: Any, figures: tuple[str, ...]) -> tuple[Part, ...]:
+           repeats: Any, max_prompts: Any, figures: tuple[str, ...],
+           together: int = 1) -> tuple[Part, ...]:
     """`parts:` — each a name, an engine_grid and a load merged over the top-level load, all
     checked as a whole file would be; problems are named `parts[i].<key>`."""
     raw = data.get("parts")
@@ -504,7 +534,7 @@ def _parts(v: _Validator, data: dict, model: Any, engine: dict[str, Any], max_ru
             sub.err("figures", f"{', '.join(stray)} not in the file's figures: list them there")
         n0 = len(sub.problems)
         for j, override in enumerate(grid):
-            for k, msg in _engine_problems({**engine, **override}):
+            for k, msg in _engine_problems({**engine, **override}, together):
                 sub.err(f"engine_grid[{j}].{k}", msg)
         if load is not None and len(sub.problems) == n0 and isinstance(model, str) \
                 and model.strip():
@@ -807,7 +837,7 @@ def _int_list(v: _Validator, raw: Any, key: str) -> list[int]:
     return out
 
 
-def _engine_problems(cfg: dict[str, Any]) -> list[tuple[str, str]]:
+def _engine_problems(cfg: dict[str, Any], together: int = 1) -> list[tuple[str, str]]:
     """Cross-field rules vLLM would otherwise only report after a minute of start-up, as
     (knob key, message) pairs."""
     out = []
@@ -834,10 +864,12 @@ def _engine_problems(cfg: dict[str, Any]) -> list[tuple[str, str]]:
         out.append(("max_num_batched_tokens",
                     f"{mnbt} < max_model_len {mml} with chunked prefill off: vLLM refuses this; "
                     "raise it to at least max_model_len or turn chunked prefill on"))
-    if cfg.get("gpu_memory_utilization") is not None \
+    # Engines started together need both: the pool pinned, and a start check each can pass.
+    if together == 1 and cfg.get("gpu_memory_utilization") is not None \
             and cfg.get("kv_cache_memory_bytes") is not None:
         out.append(("kv_cache_memory_bytes", "conflicts with gpu_memory_utilization: vLLM "
-                                             "sizes the KV cache by one or the other; keep one"))
+                                             "sizes the KV cache by one or the other; keep one "
+                                             "(with start_together both are needed)"))
     return out
 
 

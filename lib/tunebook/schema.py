@@ -167,6 +167,9 @@ COLUMNS: tuple[Column, ...] = (
     _C("kv_pool_tokens", "Int64", "tokens the KV cache pool holds"),
     _C("max_concurrency_x", "float64", "requests of max_model_len that fit the pool (vLLM's 'x')"),
     _C("startup_s", "float64", "engine start to /health answering, seconds"),
+    _C("engines_started_together", "Int64",
+       "engines started at once with this one (params start_together; each is measured "
+       "alone): above 1, startup_s was timed under that contention"),
     # --- the memory budget (Fig 2.4), from vLLM's own line; GPU only unless noted -----------
     _C("total_memory_gib", "float64", "device memory (GPU), or the NUMA node's memory on CPU"),
     _C("memory_utilization_used", "float64", "the gpu_memory_utilization vLLM applied"),

@@ -33,7 +33,13 @@ import yaml
 
 from tunebook import config, hardware, probe, schema
 from tunebook import metrics as engine_metrics
-from tunebook.engine import Engine, EngineRequestError, EngineStartError, ServerOptions
+from tunebook.engine import (
+    Engine,
+    EngineRequestError,
+    EngineStartError,
+    ServerOptions,
+    resolve_draft,
+)
 from tunebook.load import (
     BLOCK_REUSE,
     bench_argv,
@@ -232,12 +238,19 @@ class Sweep:
         return set(self.resume().done)
 
     def describe(self) -> str:
-        return self.plan.describe(self.resume())
+        text = self.plan.describe(self.resume())
+        n = self.params.start_together
+        if n > 1:
+            text += (f"\n\nstart_together: {n} engine configs start at once, then each is "
+                     "measured alone (the others wait idle) and stopped when its runs are done")
+        return text
 
     # -- running ----------------------------------------------------------------------------
     def run(self) -> SweepResult:
-        # every model of the grid resolves before any engine starts
+        # every model of the grid, draft models included, resolves before any engine starts
         models = {e.model: resolve_model(e.model) for e in self.plan.engines}
+        for e in self.plan.engines:
+            resolve_draft(e.knobs)
         self.store.check_writable()
         machine = contextlib.nullcontext() if self.keeper else machine_lock(self.wait_s)
         with experiment_lock(self.store.root), machine, sigterm_as_exception():
@@ -268,30 +281,85 @@ class Sweep:
                   file=sys.stderr)
         result = SweepResult(self.store, self.plan, skipped=len(self.plan.runs) - len(todo))
         bar = _progress(len(todo), f"{self.params.experiment}", self.progress)
+        work = [(cfg, [r for r in todo if r.engine.id == cfg.id]) for cfg in self.plan.engines]
+        work = [(cfg, runs) for cfg, runs in work if runs]
+        together = 1 if self.keeper else self.params.start_together
         try:
-            for engine_cfg in self.plan.engines:
-                runs = [r for r in todo if r.engine.id == engine_cfg.id]
-                if runs:
-                    self._run_engine(engine_cfg, runs, models[engine_cfg.model], result, bar)
+            for i in range(0, len(work), together):
+                batch = work[i:i + together]
+                if len(batch) == 1:
+                    cfg, runs = batch[0]
+                    self._run_engine(cfg, runs, models[cfg.model], result, bar)
+                else:
+                    self._run_batch(batch, models, result, bar)
         finally:
             bar.close()
             self.store.rebuild_table()
         return result
 
+    def _engine(self, cfg: EngineConfig, runs: list[PlannedRun], model: ModelRef) -> Engine:
+        return Engine(model, cfg.knobs, cfg.env, self.store.engine_log_path(cfg.id),
+                      startup_timeout_s=self.params.startup_timeout_s,
+                      options=server_options(runs))
+
+    def _run_batch(self, batch: list[tuple[EngineConfig, list[PlannedRun]]],
+                   models: dict[str, ModelRef], result: SweepResult, bar: Any) -> None:
+        """`start_together`: the engines of several configs start at once (starts are mostly
+        CPU-bound imports, compilation and graph capture), then each is measured alone while
+        the others wait idle, and stopped when its runs are done. Rows record how many
+        engines started together: their `startup_s` was measured under that contention."""
+        engines = {cfg.id: self._engine(cfg, runs, models[cfg.model]) for cfg, runs in batch}
+        for engine in engines.values():
+            engine.started_together = len(batch)
+        errors: dict[str, BaseException] = {}
+
+        def start(cfg_id: str) -> None:
+            try:
+                engines[cfg_id].start()
+            except BaseException as e:  # noqa: BLE001 - recorded below, in the main thread
+                errors[cfg_id] = e
+
+        threads = [threading.Thread(target=start, args=(cfg.id,), daemon=True,
+                                    name=f"start-{cfg.id}") for cfg, _ in batch]
+        t0 = time.monotonic()
+        try:
+            for t in threads:
+                t.start()
+            while any(t.is_alive() for t in threads):
+                up = sum(e.alive() and e.facts is not None for e in engines.values())
+                bar.set_description(f"starting {len(batch)} engines together: {up} ready "
+                                    f"({wait_seconds(t0):.0f}s)")
+                for t in threads:  # short joins: Ctrl-C and SIGTERM reach this thread
+                    t.join(timeout=0.5)
+            for cfg, runs in batch:
+                engine, error = engines[cfg.id], errors.get(cfg.id)
+                if error is not None and not isinstance(error, EngineStartError):
+                    raise error
+                self._run_engine(cfg, runs, models[cfg.model], result, bar,
+                                 started=engine, start_error=error)
+        finally:
+            for engine in engines.values():
+                engine.stop()
+            for t in threads:
+                t.join(timeout=30)
+
     def _run_engine(self, cfg: EngineConfig, runs: list[PlannedRun], model: ModelRef,
-                    result: SweepResult, bar: Any) -> None:
+                    result: SweepResult, bar: Any, started: Engine | None = None,
+                    start_error: BaseException | None = None) -> None:
+        """Runs `runs` on one engine of `cfg`: the kept one, `started` (started with others,
+        or `start_error` when that failed), or a fresh one; an engine that dies mid-way is
+        replaced by a fresh one for what is left."""
         pending = list(runs)
         options = server_options(runs)
         while pending:
             kept = self.keeper.take(cfg, options) if self.keeper else None
-            engine = kept or Engine(model, cfg.knobs, cfg.env,
-                                    self.store.engine_log_path(cfg.id),
-                                    startup_timeout_s=self.params.startup_timeout_s,
-                                    options=options)
+            engine = kept or started or self._engine(cfg, runs, model)
             bar.set_description(f"[{cfg.label}] " + ("engine kept up" if kept else
                                                      "starting engine"))
             try:
-                if not kept:
+                if start_error is not None:
+                    raise start_error
+                if not kept and started is None:
                     if self.keeper:
                         self.keeper.starts += 1
                     engine.start(on_phase=_phase_reporter(bar, cfg.label))
@@ -302,6 +370,8 @@ class Sweep:
                                error_hint=e.diagnosis.hint, extra={"log_tail": e.log_tail})
                     bar.update(1)
                 return
+            finally:
+                started, start_error = None, None  # a replacement engine starts alone
             clean = False
             try:
                 while pending:
@@ -413,6 +483,7 @@ class Sweep:
             "model": run.engine.model, "load_format": model.load_format,
             **run.point.as_row(), "seed": seed,
             **(metrics or {}), **(row_extra or {}), **facts, "startup_s": engine.startup_s,
+            "engines_started_together": engine.started_together,
             "error": error, "error_line": error_line, "error_hint": error_hint,
             **hardware.machine(),
             **run.engine.knobs,
