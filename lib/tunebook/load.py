@@ -194,7 +194,23 @@ def metrics_row(result: dict[str, Any], point: LoadPoint) -> dict[str, Any]:
     out_tok_s = row.get("output_tok_s")
     if out_tok_s is not None and point.max_concurrency:
         row["output_tok_s_per_user"] = out_tok_s / point.max_concurrency
+    row.update(itl_tail_ms(result))
     return {k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def itl_tail_ms(result: dict[str, Any]) -> dict[str, float]:
+    """p999_itl_ms and max_itl_ms over the gaps vLLM's own ITL percentiles use: every gap of
+    every request without an error, np.percentile's default (linear) as vLLM computes them;
+    nothing when there is no gap (vLLM would report 0)."""
+    import numpy as np
+
+    itls, errors = result.get("itls") or [], result.get("errors") or []
+    gaps = [g for i, req in enumerate(itls) if not (errors[i] if i < len(errors) else "")
+            for g in (req or [])]
+    if not gaps:
+        return {}
+    return {"p999_itl_ms": float(np.percentile(gaps, 99.9)) * 1000,
+            "max_itl_ms": max(gaps) * 1000}
 
 
 def request_arrays(result: dict[str, Any]) -> dict[str, Any]:

