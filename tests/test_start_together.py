@@ -46,3 +46,17 @@ def test_pinned_pool_and_memory_fraction_may_be_set_together_only_when_starting_
         assert "conflicts with gpu_memory_utilization" in str(e)
     else:
         raise AssertionError("kv_cache_memory_bytes with gpu_memory_utilization was accepted")
+
+
+def test_batches_group_configs_of_one_model_in_plan_order(tmp_path: Path) -> None:
+    from tunebook.plan import make_plan
+    from tunebook.sweep import batches
+
+    f = tmp_path / "p.yaml"
+    f.write_text(TEXT.replace("  - {max_num_seqs: 4}\n", "  - {model: qwen3-8b}\n"
+                              "  - {max_num_seqs: 4}\n  - {model: qwen3-8b, max_num_seqs: 4}\n"))
+    plan = make_plan(P.load(f))
+    work = [(e, plan.runs_for(e)) for e in plan.engines]
+    got = [[e.model for e, _ in b] for b in batches(work, 2)]
+    assert got == [["qwen3-tiny", "qwen3-tiny"], ["qwen3-tiny"], ["qwen3-8b", "qwen3-8b"]]
+    assert [len(b) for b in batches(work, 1)] == [1] * 5

@@ -285,8 +285,7 @@ class Sweep:
         work = [(cfg, runs) for cfg, runs in work if runs]
         together = 1 if self.keeper else self.params.start_together
         try:
-            for i in range(0, len(work), together):
-                batch = work[i:i + together]
+            for batch in batches(work, together):
                 if len(batch) == 1:
                     cfg, runs = batch[0]
                     self._run_engine(cfg, runs, models[cfg.model], result, bar)
@@ -304,10 +303,11 @@ class Sweep:
 
     def _run_batch(self, batch: list[tuple[EngineConfig, list[PlannedRun]]],
                    models: dict[str, ModelRef], result: SweepResult, bar: Any) -> None:
-        """`start_together`: the engines of several configs start at once (starts are mostly
-        CPU-bound imports, compilation and graph capture), then each is measured alone while
-        the others wait idle, and stopped when its runs are done. Rows record how many
-        engines started together: their `startup_s` was measured under that contention."""
+        """`start_together`: the engines of several configs of one model start at once
+        (starts are mostly CPU-bound imports, compilation and graph capture), then each is
+        measured alone while the others wait idle, and stopped when its runs are done. Rows
+        record how many engines started together: their `startup_s` was measured under that
+        contention."""
         engines = {cfg.id: self._engine(cfg, runs, models[cfg.model]) for cfg, runs in batch}
         for engine in engines.values():
             engine.started_together = len(batch)
@@ -507,6 +507,17 @@ class Sweep:
             result.failed += 1
         if self.on_result:
             self.on_result(row)
+
+
+def batches(work: list[tuple[EngineConfig, list[PlannedRun]]], size: int
+            ) -> list[list[tuple[EngineConfig, list[PlannedRun]]]]:
+    """Engine configs in groups that start together: configs of one model (engines of one
+    size share the accelerator predictably), in plan order, at most `size` per group."""
+    by_model: dict[str, list[tuple[EngineConfig, list[PlannedRun]]]] = {}
+    for item in work:
+        by_model.setdefault(item[0].model, []).append(item)
+    return [group[i:i + size] for group in by_model.values()
+            for i in range(0, len(group), size)]
 
 
 def server_options(runs: list[PlannedRun]) -> ServerOptions:
