@@ -23,7 +23,7 @@ def _ev(rows: list[dict]) -> Evidence:
 
 
 def _draft(depth: int) -> str:
-    return json.dumps({"method": "draft_model", "model": "smollm2-135m-layers20",
+    return json.dumps({"method": "draft_model", "model": "smollm2-135m-q4",
                        "num_speculative_tokens": depth})
 
 

@@ -397,7 +397,10 @@ def _spec(v: Any) -> str:
     if not isinstance(d, dict):
         return str(v)
     depth = d.get("num_speculative_tokens")
-    return f"spec {d.get('method', '?')}" + (f" ×{depth}" if depth is not None else "")
+    method = d.get("method", "?")
+    if method == "draft_model" and d.get("model"):  # which draft: a path shows its last part
+        method = f"draft {str(d['model']).rstrip('/').rsplit('/', 1)[-1]}"
+    return f"spec {method}" + (f" ×{depth}" if depth is not None else "")
 
 
 # knob -> how a label shows it where the raw value is unreadable (bytes, a JSON mapping); the
