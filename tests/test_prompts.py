@@ -46,13 +46,14 @@ def test_snippets_come_from_this_pythons_stdlib() -> None:
     snippets = prompts.stdlib_snippets()
     assert len(snippets) >= 100
     assert len({(s.module, s.function) for s in snippets}) == len(snippets)
+    for s in snippets:
+        assert ast.parse(s.code).body[0].name == s.function.split(".")[-1]
     for s in random.Random(0).sample(snippets, 20):
         assert prompts.MIN_LINES <= s.lines <= prompts.MAX_LINES
         source = (prompts.stdlib_dir() / s.source_file).read_text()
         # the dedented code is the function's text in its file, line for line
         assert all(line.strip() in source for line in s.code.splitlines())
         assert s.code.startswith("def ") and s.code.isascii()
-        assert ast.parse(s.code).body[0].name == s.function.split(".")[-1]
         assert s.sha256 == hashlib.sha256(s.code.encode()).hexdigest()
 
 

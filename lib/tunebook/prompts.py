@@ -163,7 +163,9 @@ def _rename_target(fn: ast.FunctionDef, code: str) -> tuple[str, str] | None:
 
 def _usable(code: str) -> bool:
     lines = code.split("\n")
-    return (MIN_LINES <= len(lines) <= MAX_LINES and code.isascii() and "\t" not in code
+    # starts at column 0 (a string less indented than its method would keep dedent from it)
+    return (code.startswith("def ") and MIN_LINES <= len(lines) <= MAX_LINES
+            and code.isascii() and "\t" not in code
             and "```" not in code and max(map(len, lines)) <= MAX_LINE_CHARS)
 
 
