@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tunebook import prompts
+from tunebook.prompts import PROMPT_SETS
 from tunebook.schema import COLUMN_NAMES
 
 PERCENTILES = "50,90,99"
@@ -41,7 +43,10 @@ _RENAME = {
 
 # The block-reuse probe of Fig 3.3 (tunebook.probe): two requests per point, not a load.
 BLOCK_REUSE = "block_reuse"
-BENCH_DATASETS = ("random", "random_prefix", "prefix_repetition")  # vLLM's client sends these
+# Fig 4.2's prompt sets (tunebook.prompts): vLLM `custom` datasets built from the stdlib.
+PROMPT_DATASETS = tuple(PROMPT_SETS)
+# vLLM's client sends these
+BENCH_DATASETS = ("random", "random_prefix", "prefix_repetition", *PROMPT_DATASETS)
 DATASETS = (*BENCH_DATASETS, BLOCK_REUSE)
 
 # Fields added to LoadPoint after runs were stored. At these values a field is left out of the
@@ -55,7 +60,7 @@ class LoadPoint:
     dataset: str  # one of DATASETS
     max_concurrency: int
     request_rate: float | None  # None = send all at once (inf)
-    input_len: int  # block_reuse: the length of both prompts
+    input_len: int  # block_reuse: the length of both prompts; PROMPT_DATASETS: the longest
     output_len: int
     prefix_len: int  # block_reuse: tokens the second prompt shares with the first
     num_prefixes: int
@@ -110,6 +115,12 @@ def bench_argv(point: LoadPoint, base_url: str, model_name: str, tokenizer: str,
                  "--prefix-repetition-suffix-len", str(point.input_len),
                  "--prefix-repetition-num-prefixes", str(point.num_prefixes),
                  "--prefix-repetition-output-len", str(point.output_len)]
+    elif point.dataset in PROMPT_DATASETS:
+        # Built for this tokenizer: prompts of at most input_len tokens (chat template
+        # included: vLLM's client applies it), code at least output_len tokens long.
+        path = prompts.dataset_file(point.dataset, tokenizer, point.input_len, point.output_len)
+        argv += ["--dataset-name", "custom", "--dataset-path", str(path),
+                 "--custom-output-len", str(point.output_len)]
     else:
         raise ValueError(f"dataset {point.dataset!r} is not one vLLM's client sends")
     return argv

@@ -19,7 +19,9 @@ Layout of a params file (see params/quickstart.yaml for a commented example)::
 `load.users`, `load.request_rates` and `load.prefix_len` may each be a list: one load point per
 combination. `load.reset_prefix_cache` (default true) empties the engine's prefix cache before
 each load point, so no point is flattered by what an earlier one left cached; a figure that
-studies the cache sets it false. `dataset: block_reuse` is Fig 3.3's probe (tunebook.probe).
+studies the cache sets it false. `dataset: block_reuse` is Fig 3.3's probe (tunebook.probe);
+`code_edit`, `code_edit_rename`, `code_edit_verbatim` and `fresh_text` are Fig 4.2's prompt sets
+(tunebook.prompts), where `input_len` caps each prompt's tokens.
 
 `load` reads files with `StrictLoader`: plain YAML values only, no duplicate keys, and limits
 on size, nesting and alias expansion, so a mistaken or hostile file fails in milliseconds.
@@ -41,7 +43,8 @@ import yaml
 
 from tunebook import knobs, models
 from tunebook.engine import DEV_MODE_ENV
-from tunebook.load import BLOCK_REUSE, DATASETS
+from tunebook.load import BLOCK_REUSE, DATASETS, PROMPT_DATASETS
+from tunebook.prompts import MIN_INPUT_LEN
 
 # The largest plan we accept without `max_runs` / `max_prompts` being raised explicitly: a typo
 # such as users: [1..1000000] or users: [100000000] should fail here, not after a week of
@@ -60,7 +63,8 @@ ENV_NAME_RE = re.compile(r"^VLLM_[A-Z0-9_]+$")
 # Environment variables that could carry secrets never go through params.
 SECRET_ENV_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 
-# DATASETS (tunebook.load): random, random_prefix, prefix_repetition (vLLM's client), block_reuse.
+# DATASETS (tunebook.load): random, random_prefix, prefix_repetition and PROMPT_DATASETS (vLLM's
+# client), block_reuse.
 # Engine knobs, their types and allowed values: tunebook.knobs (one table).
 
 LOAD_KEYS = (
@@ -765,6 +769,15 @@ def _load(v: _Validator, raw: Any) -> LoadParams | None:
     if dataset == "random" and any(prefix_lens):
         v.err("load.prefix_len", "is only used by random_prefix / prefix_repetition / "
                                  "block_reuse; set dataset: random_prefix")
+    if dataset in PROMPT_DATASETS:
+        if any(prefix_lens):
+            v.err("load.prefix_len", f"dataset {dataset!r} has no shared prefix; leave it 0")
+        # (a bad input_len was reported already and stands here as the default)
+        if raw.get("input_len", d.input_len) == lp["input_len"] < MIN_INPUT_LEN:
+            v.err("load.input_len", f"dataset {dataset!r}: input_len caps each prompt (a "
+                                    "standard-library function, its instruction and the chat "
+                                    f"template), so it must be >= {MIN_INPUT_LEN} tokens, got "
+                                    f"{lp['input_len']}")
     if dataset == BLOCK_REUSE:
         _probe_checks(v, raw, users, rates, prefix_lens, lp)
     if len(v.problems) > n0:
