@@ -55,8 +55,10 @@ def test_committed_experiments_still_resume_as_done(path: Path) -> None:
 
 
 def _legacy_digest(point: LoadPoint) -> str:
-    """The id hash as tunebook computed it before reset_prefix_cache and seed existed."""
-    old = {k: v for k, v in asdict(point).items() if k not in ("reset_prefix_cache", "seed")}
+    """The id hash as tunebook computed it before reset_prefix_cache, seed and ignore_eos
+    existed."""
+    old = {k: v for k, v in asdict(point).items()
+           if k not in ("reset_prefix_cache", "seed", "ignore_eos")}
     return hashlib.sha256(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:6]
 
 
@@ -66,7 +68,9 @@ def test_new_fields_change_the_id_only_away_from_their_default() -> None:
     no_reset = make_plan(P.parse(_p(dataset="random_prefix", prefix_len=64,
                                     reset_prefix_cache=False))).runs[0]
     seeded = make_plan(P.parse(_p(dataset="random_prefix", prefix_len=64, seed=0))).runs[0]
-    assert len({base.run_id, no_reset.run_id, seeded.run_id}) == 3
+    to_eos = make_plan(P.parse(_p(dataset="random_prefix", prefix_len=64,
+                                  ignore_eos=False))).runs[0]
+    assert len({base.run_id, no_reset.run_id, seeded.run_id, to_eos.run_id}) == 4
 
 
 def test_a_scalar_prefix_len_plans_as_a_list_of_one() -> None:

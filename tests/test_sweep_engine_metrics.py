@@ -28,6 +28,7 @@ class FakeEngine:
     def __init__(self, tmp: Path, reset_ok: bool = True) -> None:
         self.facts = None
         self.startup_s = 1.0
+        self.started_together = 1
         self.argv = ["python", "-m", "server"]
         self.log_path = tmp / "engine.log"
         self.process_tree: list = []

@@ -52,7 +52,7 @@ DATASETS = (*BENCH_DATASETS, BLOCK_REUSE)
 # Fields added to LoadPoint after runs were stored. At these values a field is left out of the
 # run id (tunebook.plan), so every run stored before it existed keeps its id and still resumes
 # as done; any other value makes a different run.
-_ID_NEUTRAL: dict[str, Any] = {"reset_prefix_cache": True, "seed": None}
+_ID_NEUTRAL: dict[str, Any] = {"reset_prefix_cache": True, "seed": None, "ignore_eos": True}
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ class LoadPoint:
     num_warmups: int
     reset_prefix_cache: bool = True  # POST /reset_prefix_cache before the point
     seed: int | None = None  # dataset seed; None = a fresh one per run
+    ignore_eos: bool = True  # False: answers end at the model's EOS (real weights)
 
     def as_row(self) -> dict[str, Any]:
         """The point's columns (the row says what happened: prefix_cache_reset, seed)."""
@@ -99,9 +100,9 @@ def bench_argv(point: LoadPoint, base_url: str, model_name: str, tokenizer: str,
         "--num-prompts", str(point.num_prompts), "--num-warmups", str(point.num_warmups),
         "--max-concurrency", str(point.max_concurrency),
         "--request-rate", "inf" if point.request_rate is None else str(point.request_rate),
-        "--seed", str(seed), "--ignore-eos", "--temperature", "0",
+        "--seed", str(seed), "--temperature", "0",
         "--percentile-metrics", PERCENTILE_METRICS, "--metric-percentiles", PERCENTILES,
-        "--save-detailed", "--disable-tqdm",
+        "--save-detailed", "--disable-tqdm", *(["--ignore-eos"] if point.ignore_eos else []),
         # vLLM's default, pinned: its test request would cache the first measured prompt
         "--ready-check-timeout-sec", "0",
     ]
@@ -224,5 +225,8 @@ def itl_tail_ms(result: dict[str, Any]) -> dict[str, float]:
             "max_itl_ms": max(gaps) * 1000}
 
 
-def request_arrays(result: dict[str, Any]) -> dict[str, Any]:
-    return {k: result[k] for k in REQUEST_ARRAYS if k in result}
+def request_arrays(result: dict[str, Any], texts: bool = False) -> dict[str, Any]:
+    """The per-request arrays a run's JSON keeps; with `texts` also what each request wrote
+    (real prompts, real weights: outputs with and without speculation can be compared)."""
+    keep = (*REQUEST_ARRAYS, "generated_texts") if texts else REQUEST_ARRAYS
+    return {k: result[k] for k in keep if k in result}

@@ -70,7 +70,7 @@ SECRET_ENV_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 LOAD_KEYS = (
     "dataset", "users", "request_rates", "input_len", "output_len", "prefix_len",
     "num_prefixes", "prompts_per_user", "min_prompts", "num_prompts", "num_warmups",
-    "reset_prefix_cache", "seed",
+    "reset_prefix_cache", "seed", "ignore_eos",
 )
 # Load keys the block-reuse probe has no use for (it sends two requests per point).
 PROBE_UNUSED_KEYS = ("num_prefixes", "prompts_per_user", "min_prompts", "num_prompts",
@@ -113,6 +113,9 @@ class LoadParams:
     num_warmups: int = 1
     reset_prefix_cache: bool = True  # POST /reset_prefix_cache before each load point
     seed: int | None = None  # dataset seed of every run; None = a fresh one per run
+    # True: every request writes output_len tokens (fixed lengths, as the manual's runs); a
+    # real model's answers end at their EOS with false (chapter 4)
+    ignore_eos: bool = True
 
     def prompts(self, users: int) -> int:
         """Measured prompts of the load point at ``users`` concurrent users."""
@@ -761,6 +764,7 @@ def _load(v: _Validator, raw: Any) -> LoadParams | None:
         reset_prefix_cache=v.get(raw, "reset_prefix_cache", bool, default=d.reset_prefix_cache,
                                  prefix="load"),
         seed=v.number(raw, "seed", int, None, lo=0, prefix="load"),
+        ignore_eos=v.get(raw, "ignore_eos", bool, default=d.ignore_eos, prefix="load"),
     )
     if dataset in ("random_prefix", "prefix_repetition") and 0 in prefix_lens:
         v.err("load.prefix_len", f"dataset {dataset!r} needs prefix_len > 0 (shared prefix "

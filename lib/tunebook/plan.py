@@ -184,6 +184,7 @@ def make_plan(p: SweepParams) -> Plan:
                 output_len=ld.output_len, prefix_len=k, num_prefixes=ld.num_prefixes,
                 num_prompts=ld.prompts(u), num_warmups=ld.warmups(),
                 reset_prefix_cache=ld.reset_prefix_cache, seed=ld.seed,
+                ignore_eos=ld.ignore_eos,
             )
             for rate in ld.request_rates
             for u in ld.users

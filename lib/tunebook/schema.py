@@ -99,7 +99,9 @@ COLUMNS: tuple[Column, ...] = (
     _C("max_concurrency", "Int64", "concurrent users (vLLM --max-concurrency); <NA> = unbounded"),
     _C("request_rate", "float64", "offered load in requests/s; <NA> = all at once (inf)"),
     _C("input_len", "Int64", "prompt tokens per request (random part)"),
-    _C("output_len", "Int64", "output tokens per request (EOS ignored)"),
+    _C("output_len", "Int64", "output tokens per request (at most, when ignore_eos is false)"),
+    _C("ignore_eos", "boolean", "every request wrote output_len tokens (vLLM's --ignore-eos); "
+       "false: answers ended at the model's EOS (real weights)"),
     _C("prefix_len", "Int64", "shared prefix tokens per request (0 = none); block_reuse: "
                               "tokens the second prompt shares with the first"),
     _C("num_prompts", "Int64", "requests in the measured run"),

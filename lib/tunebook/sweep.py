@@ -42,6 +42,7 @@ from tunebook.engine import (
 )
 from tunebook.load import (
     BLOCK_REUSE,
+    PROMPT_DATASETS,
     bench_argv,
     metrics_row,
     point_seed,
@@ -446,7 +447,8 @@ class Sweep:
                 status = schema.STATUS_FAILED
         else:
             metrics = metrics_row(res, point)
-            extra.update({"requests": request_arrays(res), "bench_output": printed[-4000:]})
+            texts = point.dataset in PROMPT_DATASETS
+            extra.update({"requests": request_arrays(res, texts), "bench_output": printed[-4000:]})
             if not metrics.get("completed"):
                 status, error = schema.STATUS_FAILED, _first_error(res) or "no request completed"
             elif metrics.get("failed_requests"):
