@@ -326,10 +326,13 @@ class Sweep:
         try:
             for t in threads:
                 t.start()
+            shown = None
             while any(t.is_alive() for t in threads):
                 up = sum(e.alive() and e.facts is not None for e in engines.values())
-                bar.set_description(f"starting {len(batch)} engines together: {up} ready "
-                                    f"({wait_seconds(t0):.0f}s)")
+                if not _batch() or up != shown:  # unattended logs: only when it changes
+                    shown = up
+                    bar.set_description(f"starting {len(batch)} engines together: {up} "
+                                        f"ready ({wait_seconds(t0):.0f}s)")
                 for t in threads:  # short joins: Ctrl-C and SIGTERM reach this thread
                     t.join(timeout=0.5)
             for cfg, runs in batch:
