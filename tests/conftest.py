@@ -126,6 +126,7 @@ REPLOTS: dict[str, tuple[str, str]] = {
     "h200-ch01": ("ch01-h200.yaml", "h200/ch01"),
     "cpu-ch03": ("ch03.yaml", "cpu/ch03"),
     "cpu-ch05": ("ch05.yaml", "cpu/ch05"),
+    "cpu-ch04": ("ch04.yaml", "cpu/ch04"),
 }
 
 

@@ -26,8 +26,10 @@ import pytest
 from conftest import Replot, SharedEngine, shared_config
 from tunebook import claims, report
 from tunebook import params as P
+from tunebook.models import resolve_model
 from tunebook.plan import make_plan
 from tunebook.startup import diagnose
+from tunebook.sweep import Sweep
 
 REPO = Path(__file__).resolve().parents[1]
 STORED = REPO / "outputs" / "cpu"
@@ -253,3 +255,66 @@ def test_ch05_live(tmp_path: Path, shared_engine: SharedEngine) -> None:
 
 
 VERDICTS_MEASURED = (claims.HOLDS, claims.DIFFERS, claims.NOT_MEASURED)
+
+
+# --- chapter 4 ------------------------------------------------------------------------------
+@pytest.mark.replot("cpu-ch04")
+def test_ch04_notebook_on_stored_rows(replots: dict[str, Replot]) -> None:
+    rc, exp = _replotted(replots["cpu-ch04"])
+    assert rc == 0
+    nb = report.latest_notebook(exp)
+    assert nb.name.startswith("04_speculation__")
+    html = nb.with_suffix(".html").read_text()
+    assert "data:image/svg+xml" in html and "Tokens per target pass" in html
+    assert not report.external_resources(html)
+    c = _claims(exp)
+    for fig in ("4.1", "4.2", "4.3", "8.4"):
+        assert c[fig].verdict in VERDICTS_MEASURED, (fig, c[fig])
+    df = pd.read_parquet(exp / "results.parquet")
+    spec = df[df.spec_drafts.notna()]
+    # tokens per pass from the engine's counters: 1 + accepted / drafts, at most depth + 1
+    assert (spec.spec_tokens_per_pass == 1 + spec.spec_accepted_tokens / spec.spec_drafts).all()
+    assert c["8.4"].measured_value == pytest.approx(
+        spec[(spec.part == "ngram-copy") & (spec.max_concurrency == 1)]
+        .spec_tokens_per_pass.iloc[0])
+
+
+def _first_def(text: str) -> str | None:
+    return next((ln for ln in text.splitlines() if ln.startswith("def ")), None)
+
+
+@pytest.mark.engine
+def test_ch04_live(tmp_path: Path) -> None:
+    """ch04's n-gram part on the real SmolLM2-135M (converted from its GGUF), two engines
+    started together (start_together), eager so the CPU starts skip compilation: the engine's
+    speculation counters land in the row, and greedy answers are the same with and without
+    speculation — each a copy of the function its prompt gave (a known answer)."""
+    from tunebook import prompts
+
+    data = P.load(REPO / "params" / "ch04.yaml").to_dict()
+    part = next(p for p in data["parts"] if p["name"] == "ngram-copy")
+    part["engine_grid"] = [{**g, "enforce_eager": True} for g in part["engine_grid"]]
+    part["load"].update(users=[1], num_prompts=2, output_len=48)
+    data["parts"] = [part]
+    result = Sweep(P.parse(data), tmp_path, progress=False).run()
+    assert (result.ok, result.failed) == (2, 0)
+    exp = tmp_path / "ch04"
+    df = pd.read_parquet(exp / "results.parquet")
+    assert (df.engines_started_together == 2).all()
+    spec = df[df.spec_drafts.notna()].iloc[0]
+    assert spec.spec_drafts > 0 and 1 <= spec.spec_tokens_per_pass <= 4
+    assert df[df.spec_drafts.isna()].spec_tokens_per_pass.isna().all()  # none, never 0
+    texts = {}
+    for f in (exp / "runs").glob("*.json"):
+        rec = json.loads(f.read_text())
+        texts[rec["row"]["engine_label"]] = rec["requests"]["generated_texts"]
+    with_spec, without = (texts[k] for k in sorted(texts, key=lambda k: "ngram" not in k))
+    assert with_spec == without  # greedy: speculation changes the speed, not the tokens
+    model = resolve_model("smollm2-135m")
+    path = prompts.dataset_file("code_edit", model.tokenizer, part["load"]["input_len"],
+                                part["load"]["output_len"])
+    starts = {_first_def(json.loads(line)["prompt"]) for line in path.read_text().splitlines()}
+    for text in without:  # SmolLM2 copies the given function: its def line comes back
+        assert _first_def(text) in starts, text[:300]
+    c = _claims(exp)
+    assert c["4.2"].verdict in VERDICTS_MEASURED and c["8.4"].verdict in VERDICTS_MEASURED
