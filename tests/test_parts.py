@@ -114,3 +114,20 @@ def test_a_probe_part_does_not_inherit_counts_meant_for_the_others() -> None:
     data["parts"][2]["load"]["num_warmups"] = 1  # set on the probe itself: refused
     with pytest.raises(P.ParamsError, match=r"parts\[2\]\.load\.num_warmups"):
         P.parse(data, source="ch.yaml")
+
+
+def test_a_load_point_two_parts_share_stands_for_both_parts_figures() -> None:
+    """Same engine config, same load in two parts: one run, whose row names the first part;
+    the second part's figures still read it (from the plan, not the row's column)."""
+    data = {**CHAPTER, "parts": [
+        {"name": "cap", "engine_grid": [{}], "figures": ["3.1"], "load": {"users": [1, 2]}},
+        {"name": "other", "engine_grid": [{}], "figures": ["3.2"], "load": {"users": [1]}}]}
+    p = _parse(data)
+    runs = make_plan(p).runs
+    assert len(runs) == 2 and {r.part for r in runs} == {"cap"}  # the shared point: once
+    rows = [{"status": "ok", "run_id": r.run_id, "part": r.part, "engine_config_id": "e",
+             "engine_label": "default", "max_concurrency": r.point.max_concurrency}
+            for r in runs]
+    ev = Evidence(Path("/nonexistent/ch"), pd.DataFrame(rows), [], p.to_dict())
+    assert list(ev.for_figure("3.2").df["max_concurrency"]) == [1]
+    assert len(ev.for_figure("3.1").df) == 2

@@ -91,12 +91,29 @@ class Evidence:
         return {str(p.get("name")) for p in parts if not p.get("figures")
                 or fig in [str(f) for f in p["figures"]]}
 
+    def planned_runs(self, names: set[str]) -> set[str]:
+        """Run ids the named parts plan. A load point two parts share (same engine config,
+        same load) is run once and its row names the first part, so the row column alone would
+        hide it from the second part's figures. Empty when the stored params no longer parse."""
+        from dataclasses import replace
+
+        from tunebook.params import ParamsError, parse
+        from tunebook.plan import make_plan
+
+        try:
+            p = parse(self.params)
+        except (ParamsError, ValueError, TypeError, KeyError):
+            return set()
+        return {r.run_id for part in p.parts if part.name in names
+                for r in make_plan(replace(p, parts=(part,))).runs}
+
     def for_figure(self, fig: str) -> Evidence:
         """This evidence narrowed to the rows of the parts that stand for ``fig``."""
         names = self.parts_for(fig)
         if names is None or self.df.empty or "part" not in self.df.columns:
             return self
         keep = self.df["part"].astype("string").isin(sorted(names)).fillna(False)
+        keep |= self.df["run_id"].isin(self.planned_runs(names))
         ids = set(self.df.loc[keep, "run_id"])
         return Evidence(self.root, self.df[keep], [r for r in self.records
                                                    if r.get("row", {}).get("run_id") in ids],

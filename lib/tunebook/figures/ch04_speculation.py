@@ -124,6 +124,34 @@ def frame(ev: Evidence) -> pd.DataFrame:
     return ok
 
 
+# What vLLM logs when speculation changes more than the drafts (vLLM 0.26 and 0.32 word them
+# the same): both make a speculative config slower per step than the default beside it.
+_SPEC_SIDE_EFFECTS = (
+    ("Async scheduling not supported with", "async scheduling off"),
+    ("using the V1 model runner instead", "the V1 model runner instead of V2"),
+)
+
+
+def spec_side_effects(ev: Evidence, method: str) -> list[str]:
+    """What the engine logs of this experiment's `method` configs say speculation switched off
+    or swapped (async scheduling, the model runner): part of any slowdown it shows."""
+    found: list[str] = []
+    for rec in ev.records:
+        spec = spec_config(rec.get("row", {}).get("speculative_config"))
+        log = rec.get("engine", {}).get("log")
+        if not spec or spec.get("method") != method or not log:
+            continue
+        try:
+            text = (ev.root / log).read_text(errors="replace")
+        except OSError:
+            continue
+        found += [what for marker, what in _SPEC_SIDE_EFFECTS
+                  if marker in text and what not in found]
+        if len(found) == len(_SPEC_SIDE_EFFECTS):
+            break
+    return found
+
+
 def _mean(g: pd.DataFrame, col: str) -> float:
     v = pd.to_numeric(g[col], errors="coerce").dropna() if col in g else pd.Series(dtype=float)
     return float(v.mean()) if len(v) else math.nan
@@ -219,7 +247,8 @@ class DraftDepth(FigureUnit):
         how = (f"a draft token costs {slope:.2f} ms, a target pass {target:.2f} ms; "
                f"acceptance by position {', '.join(f'{x:.0%}' for x in p)}; with this "
                f"acceptance a draft costing {CHEAP_DRAFT:.0%} of a target pass would peak at "
-               f"depth {cheap}")
+               f"depth {cheap}" + (" (the deepest measured, or beyond)" if cheap == len(p)
+                                   else ""))
         return best, how
 
     def rule(self, ev: Evidence) -> Claim:
@@ -264,6 +293,10 @@ class DraftDepth(FigureUnit):
                            f"depth {best} ({how})")
         holds = (best_hi == self.ref("best_draft_depth_32_users").value and {3, 5} <= set(tied)
                  and lo != hi)
+        effects = spec_side_effects(ev, "draft_model")
+        if effects:
+            why.append("the engine logs show speculation also meant "
+                       + " and ".join(effects))
         if hi != self.ref("users").value:
             why.append(f"the manual's load is {self.ref('users').value:g} users; the most "
                        f"measured here is {hi}")
@@ -379,6 +412,10 @@ class NgramSpeculation(FigureUnit):
         why = (f"within {RATIO_TOLERANCE:.2f}x of the manual's ⅓ (1 user) and 0.37 (4 users)"
                if holds else f"not within {RATIO_TOLERANCE:.2f}x of the manual's ⅓ (1 user) "
                              "and 0.37 (4 users) on prompts whose answer copies")
+        effects = spec_side_effects(ev, "ngram")
+        if effects:
+            why += ("; the engine logs show n-gram speculation also meant "
+                    + " and ".join(effects) + " (a cost of its own where little is copied)")
         return self.verdict(ev, "; ".join(parts), HOLDS if holds else DIFFERS, why, value,
                             self.ref("median_tpot_ratio_ngram_1_user").value)
 
@@ -389,15 +426,15 @@ class NgramSpeculation(FigureUnit):
             return None
         manual = {1: self.ref("median_tpot_ratio_ngram_1_user").value,
                   4: self.ref("median_tpot_ratio_ngram_4_users").value}
-        names = {COPY_DATASET: "answer copies the prompt", FRESH_DATASET: "answer does not"}
-        ratios = [charts.Ratio(f"{names.get(ds, ds)}, {users} user(s)",
+        names = {COPY_DATASET: "copy", FRESH_DATASET: "no copy"}
+        ratios = [charts.Ratio(f"{names.get(ds, ds)} {users}u",
                                manual.get(int(users)) if ds == COPY_DATASET else None,
                                dict(zip(g.engine_label, g.ratio, strict=True)),
                                "≈" if users == 1 else "=")
                   for (ds, users), g in t.groupby(["dataset", "users"])]
         head = charts.ratio_bars(ratios, "Median TPOT with n-gram ÷ without", [
-            "below 1: speculation made each token faster",
-            "the manual's ratios are for text the answer copies"])
+            "below 1: speculation made each token faster; 1u: 1 user",
+            "copy: the answer copies the prompt (the manual's ratios are for such text)"])
         acc = alt.Chart(t.assign(prompts=t.dataset.map(lambda d: names.get(d, d)))).mark_bar(
         ).encode(x=alt.X("acceptance:Q", title="drafted tokens accepted", axis=alt.Axis(
             format="%")), y=alt.Y("prompts:N", title=None), color=alt.Color("users:O"),
