@@ -57,6 +57,17 @@ def test_snippets_come_from_this_pythons_stdlib() -> None:
         assert s.sha256 == hashlib.sha256(s.code.encode()).hexdigest()
 
 
+def test_only_pinned_functions_are_offered() -> None:
+    """The CPU machine and the H200 (different Pythons) offer the same functions."""
+    pinned = prompts.pinned_functions()
+    offered = prompts.stdlib_snippets()
+    assert {(s.module, s.function, s.sha256) for s in offered} <= pinned
+    every = prompts.stdlib_snippets(pinned=False)
+    assert set(offered) <= set(every) and len(every) > len(offered)
+    data = json.loads((Path(prompts.__file__).parent / "data" / prompts.PINNED_FILE).read_text())
+    assert len(data["pythons"]) >= 2 and len(data["functions"]) == len(pinned)
+
+
 def test_snippet_order_is_fixed_by_names() -> None:
     snippets = prompts.stdlib_snippets()
     keys = [hashlib.sha256(f"{s.module}:{s.function}".encode()).hexdigest() for s in snippets]

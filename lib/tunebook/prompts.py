@@ -16,8 +16,10 @@ to /v1/completions) into ``<model cache>/prompts/``, named by its content digest
 never rewritten and a run that used it can be traced back to it.
 
 The functions come from the running Python's own sources, which differ between versions (3.11
-here, 3.12 on the H200): every record carries the module, source file, function name, the sha256
-of its code and the Python version, so two machines' sets can be compared function by function.
+on the CPU machine, 3.12 on the H200): only the functions listed in data/prompt_functions.json
+are offered, those whose code was identical in both, so the two machines send the same prompts.
+Every record also carries the module, source file, function name, the sha256 of its code and
+the Python version, so any two files can be compared function by function.
 Which functions fit a load point depends on the tokenizer: a function is kept when every set's
 prompt for it is at most ``input_len`` tokens (so ``input_len + output_len`` still bounds each
 request, as for vLLM's random dataset) and its code is at least ``output_len`` tokens long (so
@@ -60,8 +62,12 @@ SOURCE_MODULES = (
     "locale", "mimetypes", "netrc", "ntpath", "optparse", "pathlib", "platform", "posixpath",
     "pprint", "quopri", "shlex", "shutil", "smtplib", "statistics", "string", "tabnanny",
     "tarfile", "textwrap", "tokenize", "traceback", "urllib/parse", "uu", "uuid", "wave",
-    "zipfile",
+    "zipfile", "zipfile/__init__",  # a package from 3.12 on
 )
+# The functions offered: those whose text was the same in the Pythons this file lists (the CPU
+# machine's and the H200's), as (module, function, sha256 of the code), so both machines send
+# the same prompts. Another Python offers the listed functions it still has unchanged.
+PINNED_FILE = "prompt_functions.json"
 MIN_LINES, MAX_LINES = 15, 60  # a function's lines, its def line to its last line
 MAX_LINE_CHARS = 100
 MIN_RECORDS = 8  # fewer fitting functions than this is an error, not a thin data set
@@ -169,11 +175,18 @@ def _usable(code: str) -> bool:
             and "```" not in code and max(map(len, lines)) <= MAX_LINE_CHARS)
 
 
+def pinned_functions() -> set[tuple[str, str, str]]:
+    data = json.loads(config.package_data(PINNED_FILE).read_text(encoding="utf-8"))
+    return {(m, f, sha) for m, f, sha in data["functions"]}
+
+
 @functools.lru_cache(maxsize=4)
-def stdlib_snippets(root: Path | None = None) -> tuple[Snippet, ...]:
-    """Every usable function of SOURCE_MODULES, in an order fixed by their names alone (the
-    sha256 of "module:function"), so the same function sorts the same on every Python."""
+def stdlib_snippets(root: Path | None = None, pinned: bool = True) -> tuple[Snippet, ...]:
+    """The usable functions of SOURCE_MODULES (only the pinned ones unless ``pinned`` is
+    false), in an order fixed by their names alone (the sha256 of "module:function"), so the
+    same function sorts the same on every Python."""
     root = root or stdlib_dir()
+    keep = pinned_functions() if pinned else None
     found: list[Snippet] = []
     for mod in SOURCE_MODULES:
         path = root / f"{mod}.py"
@@ -189,9 +202,17 @@ def stdlib_snippets(root: Path | None = None) -> tuple[Snippet, ...]:
             target = _rename_target(fn, code)
             if target is None:
                 continue
-            found.append(Snippet(module, path.relative_to(root).as_posix(), name, code, *target))
+            snip = Snippet(module, path.relative_to(root).as_posix(), name, code, *target)
+            if keep is None or (module, name, snip.sha256) in keep:
+                found.append(snip)
     return tuple(sorted(found, key=lambda s: hashlib.sha256(
         f"{s.module}:{s.function}".encode()).hexdigest()))
+
+
+def snippet_ids(pinned: bool = False) -> list[list[str]]:
+    """[module, function, sha256] of this Python's usable functions: intersect two machines'
+    lists to renew PINNED_FILE."""
+    return [[s.module, s.function, s.sha256] for s in stdlib_snippets(pinned=pinned)]
 
 
 def user_message(prompt_set: PromptSet, snippet: Snippet) -> str:
@@ -270,11 +291,14 @@ def build_records(name: str, tokenizer: Any, max_prompt_tokens: int,
             "python": python, "generator": GENERATOR,
         })
     if len(records) < MIN_RECORDS:
+        pythons = json.loads(config.package_data(PINNED_FILE).read_text())["pythons"]
+        other = ("" if python in pythons else f" (Python {python} is none of the pinned "
+                 f"list's {', '.join(pythons)}: fewer of its functions are unchanged)")
         raise PromptsError(
             f"prompt set {name!r}: only {len(records)} of {len(snippets)} standard-library "
-            f"functions fit prompts <= {max_prompt_tokens} tokens (load.input_len) with code "
-            f">= {min_answer_tokens} tokens (load.output_len); {MIN_RECORDS} needed: raise "
-            "input_len or lower output_len")
+            f"functions{other} fit prompts <= {max_prompt_tokens} tokens (load.input_len) "
+            f"with code >= {min_answer_tokens} tokens (load.output_len); {MIN_RECORDS} "
+            "needed: raise input_len or lower output_len")
     return records
 
 
