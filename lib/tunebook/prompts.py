@@ -51,7 +51,7 @@ from typing import Any
 
 from tunebook import config
 
-GENERATOR = "tunebook.prompts/1"  # bump when the selection or the templates change
+GENERATOR = "tunebook.prompts/2"  # bump when the selection or the templates change
 KINDS = ("code_edit", "fresh_text")
 
 # Pure-Python standard-library modules present in 3.11 and 3.12, read as text (never imported).
