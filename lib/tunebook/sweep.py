@@ -517,7 +517,10 @@ class Sweep:
 def batches(work: list[tuple[EngineConfig, list[PlannedRun]]], size: int
             ) -> list[list[tuple[EngineConfig, list[PlannedRun]]]]:
     """Engine configs in groups that start together: configs of one model (engines of one
-    size share the accelerator predictably), in plan order, at most `size` per group."""
+    size share the accelerator predictably), in plan order, at most `size` per group. One at a
+    time (size 1) keeps the plan's order exactly."""
+    if size == 1:
+        return [[item] for item in work]
     by_model: dict[str, list[tuple[EngineConfig, list[PlannedRun]]]] = {}
     for item in work:
         by_model.setdefault(item[0].model, []).append(item)

@@ -86,7 +86,7 @@ def _eager(value: Any) -> bool:
     return False if missing(value) else bool(value)
 
 
-def _by_pos(value: Any) -> list[float]:
+def acceptance_by_pos(value: Any) -> list[float]:
     """spec_acceptance_by_pos as a list (stored as JSON text in the table)."""
     if isinstance(value, str):
         try:
@@ -213,7 +213,7 @@ class DraftDepth(FigureUnit):
         out = _mean(g, "output_tok_s")
         tpot = _mean(g, "median_tpot_ms")
         per_pass = _mean(g, "spec_tokens_per_pass") if depth else 1.0
-        by_pos = (_by_pos(g["spec_acceptance_by_pos"].iloc[0])
+        by_pos = (acceptance_by_pos(g["spec_acceptance_by_pos"].iloc[0])
                   if depth and "spec_acceptance_by_pos" in g else [])
         return {"draft": draft, "users": users, "depth": depth, "output_tok_s": out,
                 "ratio": out / base[users] if base.get(users) else math.nan,

@@ -10,8 +10,12 @@ import pandas as pd
 
 from tunebook import charts
 from tunebook.evidence import DIFFERS, HOLDS, NOT_MEASURED, RATIO_TOLERANCE, Claim, Evidence, within
-from tunebook.figures.ch04_speculation import COPY_DATASET, DUMMY_NOTE, frame
-from tunebook.figures.ch04_speculation import _by_pos as acceptance_by_pos
+from tunebook.figures.ch04_speculation import (
+    COPY_DATASET,
+    DUMMY_NOTE,
+    acceptance_by_pos,
+    frame,
+)
 from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
 from tunebook.manual import result, setting
 
