@@ -127,6 +127,9 @@ def build_argv(model: ModelRef, knobs: dict[str, Any], port: int,
 
 
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+# Where tunebook.vllm_hooks' BlockTableScheduler writes its steps (the same name there: that
+# module imports vLLM, so tunebook never imports it).
+BLOCK_TABLE_ENV = "TUNEBOOK_BLOCK_TABLE_LOG"
 
 
 @dataclass(frozen=True)
@@ -338,7 +341,25 @@ class Engine:
             env.pop(name, None)
         if self.options.dev_mode:  # only when asked: never inherited from the shell
             env[DEV_MODE_ENV] = "1"
+        env[BLOCK_TABLE_ENV] = str(self.block_table_path)  # read only by tunebook's scheduler
         return env
+
+    @property
+    def block_table_path(self) -> Path:
+        """Steps recorded by tunebook.vllm_hooks' scheduler, when the engine runs it."""
+        return self.log_path.with_suffix(".blocks.jsonl")
+
+    def log_offsets(self) -> dict[str, int]:
+        """Byte sizes of the engine log and the block-table log now: a run keeps them before
+        and after its load, so the lines its load caused can be cut out of logs that every run
+        of the engine config shares."""
+        out = {}
+        for name, path in (("log", self.log_path), ("blocks", self.block_table_path)):
+            try:
+                out[name] = path.stat().st_size
+            except OSError:
+                pass
+        return out
 
     def _wait_ready(self, t0: float, on_phase: Callable[[str, float], None] | None) -> None:
         phase, seen = "starting", 0

@@ -105,6 +105,20 @@ _TABLE: tuple[Knob, ...] = (
     Knob("compilation_config", dict, "a mapping", {"cudagraph_mode": "NONE"}),
     Knob("attention_backend", str, "e.g. FLASH_ATTN", "FLASH_ATTN",
          check=lambda v: bool(re.fullmatch(r"[A-Z0-9_]+", v))),
+    # vLLM's own per-step log line ("Iteration(N): … context tokens, … generation tokens"):
+    # Fig 8.2 reads it from the engine log.
+    Knob("enable_logging_iteration_details", example=True, types=bool, allowed="true or false"),
+    # A Scheduler subclass by qualified name; tunebook.vllm_hooks.BlockTableScheduler records
+    # each request's block table for Fig 8.3 (the engine core process must import it).
+    Knob("scheduler_cls", str, "a qualified class name, e.g. "
+         "tunebook.vllm_hooks.BlockTableScheduler", "tunebook.vllm_hooks.BlockTableScheduler",
+         check=lambda v: bool(re.fullmatch(r"[A-Za-z_][\w.]*\.[A-Za-z_]\w*", v))),
+    # A KV connector (Fig 6.2: prefill and decode engines): vLLM's KVTransferConfig as a mapping.
+    Knob("kv_transfer_config", dict, "a mapping (vLLM's KVTransferConfig)",
+         {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+          "kv_connector_extra_config": {"shared_storage_path": "kv-store"}},
+         check=lambda v: isinstance(v.get("kv_connector"), str)
+         and v.get("kv_role") in ("kv_producer", "kv_consumer", "kv_both")),
     # Not a flag: an engine_grid entry may swap the model (compare models in one experiment).
     Knob("model", str, "a preset, a local folder or a hub id", "qwen3-tiny",
          check=lambda v: bool(v.strip()), flag=False),

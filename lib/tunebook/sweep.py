@@ -414,6 +414,7 @@ class Sweep:
             row_extra["prefix_cache_reset"] = True
         scrape_errors: list[str] = []
         before = self._scrape(engine, scrape_errors)
+        log_from = engine.log_offsets()
         sampler = engine_metrics.Sampler(engine.metrics_text)
         try:
             with sampler:
@@ -440,7 +441,9 @@ class Sweep:
         after = self._scrape(engine, scrape_errors)
         row_extra.update(engine_metrics.row(before, after, sampler))
         extra: dict[str, Any] = {
-            "engine_metrics": engine_metrics.record(before, after, sampler, scrape_errors)}
+            "engine_metrics": engine_metrics.record(before, after, sampler, scrape_errors),
+            # byte ranges of the shared engine logs that this load wrote (Figs 8.2, 8.3)
+            "log_span": {k: [v, engine.log_offsets().get(k, v)] for k, v in log_from.items()}}
         status = schema.STATUS_OK
         error = None
         if point.dataset == BLOCK_REUSE:
