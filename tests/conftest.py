@@ -117,6 +117,7 @@ REPLOTS: dict[str, tuple[str, str]] = {
     "cpu-ch03": ("ch03.yaml", "cpu/ch03"),
     "cpu-ch05": ("ch05.yaml", "cpu/ch05"),
     "cpu-ch04": ("ch04.yaml", "cpu/ch04"),
+    "cpu-ch08": ("ch08.yaml", "cpu/ch08"),
 }
 
 

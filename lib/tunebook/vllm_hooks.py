@@ -74,7 +74,13 @@ class _Recorder:
         self._rec_file.write(json.dumps(obj, separators=(",", ":")) + "\n")
 
     def _record(self, out: Any) -> None:
-        if self._rec_file is None or not out.total_num_scheduled_tokens:
+        if self._rec_file is None:
+            return
+        if not out.total_num_scheduled_tokens:
+            # an empty step still reports the requests that finished since the last one
+            if getattr(out, "finished_req_ids", None):
+                self._write({"kind": "finished", "t": time.time(),
+                             "ids": sorted(out.finished_req_ids)})
             return
         if self._rec_step == 0 and (missing := check_interface(out)):
             self._write({"kind": "error", "missing": missing})
@@ -105,6 +111,8 @@ class _Recorder:
             prefill = max(0, min(n, (prompt or 0) - done))
             reqs.append({"id": rid, "tokens": n, "prefill": prefill, "computed": done,
                          "prompt": prompt, "new_blocks": blocks.get(rid, [])})
+        # a request resumed after preemption gets its whole block table again
+        resumed = set(getattr(cached, "resumed_req_ids", None) or ())
         for rid in out.finished_req_ids:
             self._rec_prompt_len.pop(rid, None)
         pool = self.kv_cache_manager.block_pool
@@ -112,6 +120,7 @@ class _Recorder:
                      "total": out.total_num_scheduled_tokens, "reqs": reqs,
                      "finished": sorted(out.finished_req_ids),
                      "preempted": sorted(getattr(out, "preempted_req_ids", None) or ()),
+                     "resumed": sorted(resumed & set(out.num_scheduled_tokens)),
                      "free_blocks": pool.get_num_free_blocks()})
 
 
