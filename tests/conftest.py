@@ -117,6 +117,7 @@ REPLOTS: dict[str, tuple[str, str]] = {
     "cpu-ch03": ("ch03.yaml", "cpu/ch03"),
     "cpu-ch05": ("ch05.yaml", "cpu/ch05"),
     "cpu-ch04": ("ch04.yaml", "cpu/ch04"),
+    "cpu-ch06": ("ch06.yaml", "cpu/ch06"),
     "cpu-ch08": ("ch08.yaml", "cpu/ch08"),
 }
 
@@ -132,7 +133,8 @@ class Replot:
         self.outputs = outputs
         self.exp = outputs / yaml.safe_load(self.params.read_text())["experiment"]
         shutil.copytree(REPO / "outputs" / stored, self.exp)
-        self.engine_logs_before = sorted((self.exp / "engines").iterdir())
+        engines = self.exp / "engines"  # a figures-only experiment has none
+        self.engine_logs_before = sorted(engines.iterdir()) if engines.is_dir() else []
         self._proc: subprocess.Popen | None = None
         self._done: tuple[int, str] | None = None
         self._finished = threading.Event()

@@ -91,11 +91,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(sweep.describe())
         return EXIT_OK
-    if args.replot and not sweep.store.rows():
+    if args.replot and sweep.plan.runs and not sweep.store.rows():
         print(f"tunebook: --replot needs stored runs; {sweep.store.root} has none",
               file=sys.stderr)
         return EXIT_BAD_PARAMS
-    if not args.replot:
+    if not args.replot and not params.figures_only:
         resolve_model(params.model)  # builds a preset's folder before papermill starts a kernel
     sweep.store.check_writable()
     _wait(args)

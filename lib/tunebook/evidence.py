@@ -8,6 +8,7 @@ Data flows one way: store → evidence → figures (the registry and chapter mod
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,9 @@ class Evidence:
     df: pd.DataFrame  # latest attempt per run (Store.table())
     records: list[dict[str, Any]]  # the run JSON files
     params: dict[str, Any] = field(default_factory=dict)  # the last params the sweep ran
+    # where the last sweep ran (inputs/machine__*.json: tunebook.hardware.machine() and the
+    # GPU topology); what an experiment without rows (figures only) knows of its machine
+    machine: dict[str, Any] = field(default_factory=dict)
 
     @property
     def experiment(self) -> str:
@@ -76,11 +80,20 @@ class Evidence:
     @property
     def hardware(self) -> str:
         hw = self.df.get("hardware", pd.Series(dtype=str)).dropna()
-        return str(hw.iloc[0]) if len(hw) else ""
+        return str(hw.iloc[0]) if len(hw) else str(self.machine.get("hardware") or "")
 
     @property
     def on_gpu(self) -> bool:
+        """The rows ran on a GPU; without rows, the recorded machine has one."""
+        if self.df.empty:
+            return bool(self.machine.get("gpu_name"))
         return bool(self.df.get("gpu_name", pd.Series(dtype=str)).notna().any())
+
+    def sibling(self, experiment: str) -> Evidence | None:
+        """Another experiment of the same outputs root (e.g. chapter 2's starts for chapter
+        6), or None when that folder holds no runs."""
+        other = self.root.parent / experiment
+        return load_evidence(other) if (other / "runs").is_dir() else None
 
     def parts_for(self, fig: str) -> set[str] | None:
         """The params parts whose rows stand for Fig ``fig`` (a part that lists no figures
@@ -117,7 +130,7 @@ class Evidence:
         ids = set(self.df.loc[keep, "run_id"])
         return Evidence(self.root, self.df[keep], [r for r in self.records
                                                    if r.get("row", {}).get("run_id") in ids],
-                        self.params)
+                        self.params, self.machine)
 
     def engines(self) -> pd.DataFrame:
         """One ok row per engine config (the start-up facts are per engine)."""
@@ -140,7 +153,10 @@ def load_evidence(root: str | Path) -> Evidence:
     store = Store(Path(root))
     inputs = sorted((store.root / "inputs").glob("params__*.yaml"))
     params = yaml.safe_load(inputs[-1].read_text()) if inputs else {}
-    return Evidence(store.root, store.table(), list(store.records()), params or {})
+    facts = sorted((store.root / "inputs").glob("machine__*.json"))
+    machine = json.loads(facts[-1].read_text()) if facts else {}
+    return Evidence(store.root, store.table(), list(store.records()), params or {},
+                    machine if isinstance(machine, dict) else {})
 
 
 def missing(v: Any) -> bool:

@@ -71,6 +71,12 @@ def gpus() -> list[dict[str, Any]]:
     return found
 
 
+def nvidia_smi_topo() -> str | None:
+    """The text of `nvidia-smi topo -m` (GPU-to-GPU links); None without nvidia-smi or a GPU.
+    tunebook.layout.parse_topology reads it."""
+    return _run(["nvidia-smi", "topo", "-m"])
+
+
 def git_commit(repo: Path | None = None) -> str | None:
     if os.environ.get(config.COMMIT_ENV):  # a copy of the tree without .git (the device)
         return os.environ[config.COMMIT_ENV]

@@ -78,8 +78,14 @@ PROBE_UNUSED_KEYS = ("num_prefixes", "prompts_per_user", "min_prompts", "num_pro
 TOP_KEYS = (
     "experiment", "notebook", "model", "description", "engine", "engine_grid", "engine_env",
     "load", "repeats", "max_runs", "max_prompts", "startup_timeout_s", "run_timeout_s", "figures",
-    "parts", "start_together",
+    "parts", "start_together", "figures_only", "layout",
 )
+# Keys that plan engines: a figures_only file has none of them.
+ENGINE_KEYS = ("engine", "engine_grid", "engine_env", "load", "parts", "start_together",
+               "repeats")
+# The `layout:` keys that are not tunebook.layout.LayoutInputs fields.
+LAYOUT_EXTRA_KEYS = ("check_against", "machine")
+LAYOUT_MACHINE = ("auto", "paper")
 PART_KEYS = ("name", "engine_grid", "load", "figures")
 
 
@@ -178,10 +184,17 @@ class SweepParams:
     parts: tuple[Part, ...] = ()  # several load shapes; empty: engine_grid × load
     # Engine configs started at once, then measured one at a time (tunebook.sweep).
     start_together: int = 1
+    # True: the figures need no engine (chapter 6's layout helper): nothing is planned
+    figures_only: bool = False
+    # Fig 6.1's inputs (tunebook.layout.LayoutInputs fields + check_against, machine)
+    layout: dict[str, Any] = field(default_factory=dict)
     source: str = "<params>"
 
     def all_parts(self) -> tuple[Part, ...]:
-        """The parts, or the one implicit part (engine_grid × load) of a file without any."""
+        """The parts, or the one implicit part (engine_grid × load) of a file without any;
+        none for a figures_only file."""
+        if self.figures_only:
+            return ()
         return self.parts or (Part("", self.engine_grid, self.load, self.figures),)
 
     def to_dict(self) -> dict[str, Any]:
@@ -205,6 +218,11 @@ class SweepParams:
         }
         if self.start_together != 1:
             out["start_together"] = self.start_together
+        if self.figures_only:
+            out = {k: v for k, v in out.items() if k not in ENGINE_KEYS}
+            out["figures_only"] = True
+        if self.layout:
+            out["layout"] = dict(self.layout)
         if self.parts:
             del out["engine_grid"]
             out["parts"] = [part.to_dict() for part in self.parts]
@@ -426,6 +444,13 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
     figures = _figures(v, v.get(data, "figures", list, default=[]))
     start_together = v.number(data, "start_together", int, 1, lo=1)
     together = start_together if isinstance(start_together, int) else 1
+    figures_only = v.get(data, "figures_only", bool, default=False)
+    if figures_only is True:
+        for key in ENGINE_KEYS:
+            if key in data:
+                v.err(key, "figures_only: true plans no engine: remove this key (or "
+                           "figures_only)")
+    layout = _layout(v, v.get(data, "layout", dict, default={}))
     parts = _parts(v, data, model, engine, max_runs, repeats, max_prompts, figures, together)
     if isinstance(start_together, int) and start_together > 1:
         grids = [g for part in parts for g in part.engine_grid] if parts else grid
@@ -444,7 +469,7 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
         for sub, msg in _engine_problems(merged, together):
             if (sub, msg) not in base:
                 v.err(f"engine_grid[{i}].{sub}", msg)
-    if "parts" not in data:  # with parts, each part was checked with its grid (see _parts)
+    if "parts" not in data and figures_only is not True:  # parts: checked in _parts
         if load_ok and isinstance(model, str) and model.strip():
             _context_checks(v, model.strip(), engine, grid, load_params)
         if load_params is not None and isinstance(repeats, int) and isinstance(max_runs, int):
@@ -468,8 +493,33 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
         engine=engine, engine_grid=tuple(grid), engine_env=engine_env, load=load_params,
         repeats=repeats, max_runs=max_runs, max_prompts=max_prompts,
         startup_timeout_s=float(startup_timeout_s), run_timeout_s=float(run_timeout_s),
-        figures=figures, parts=parts, start_together=start_together, source=source,
+        figures=figures, parts=parts, start_together=start_together,
+        figures_only=figures_only is True, layout=layout, source=source,
     )
+
+
+def _layout(v: _Validator, raw: dict[str, Any] | None) -> dict[str, Any]:
+    """`layout:` — Fig 6.1's inputs (tunebook.layout.LayoutInputs), plus `check_against` (the
+    chapter-2 experiment folder whose starts the helper is checked on, relative to the
+    project) and `machine` (auto: GPU count, link and memory from this machine where it has
+    GPUs; paper: the values given)."""
+    if not raw:
+        return {}
+    from tunebook import layout as L
+
+    inputs = {k: x for k, x in raw.items() if k not in LAYOUT_EXTRA_KEYS}
+    check = raw.get("check_against")
+    if check is not None and (not isinstance(check, str) or not check.strip()):
+        v.err("layout.check_against", "must be a folder path (an experiment of chapter 2), "
+                                      f"got {_short(check)}")
+    if raw.get("machine", "auto") not in LAYOUT_MACHINE:
+        v.err("layout.machine", f"must be one of {', '.join(LAYOUT_MACHINE)}, got "
+                                f"{_short(raw.get('machine'))}")
+    try:
+        L.inputs_from(inputs)
+    except (L.LayoutError, TypeError) as e:
+        v.err("layout", str(e))
+    return dict(raw)
 
 
 def _together_checks(v: _Validator, n: int, configs: list[dict[str, Any]]) -> None:

@@ -185,13 +185,14 @@ MAX_DEPTH = 3  # outputs/<machine>/<experiment>: deep enough, and cheap on a big
 
 
 def find_experiments(root: Path | str, max_depth: int = MAX_DEPTH) -> list[Path]:
-    """Experiment folders (those holding ``runs/``) under ``root``, at most ``max_depth``
-    levels down, sorted. An experiment's own subfolders are not searched."""
+    """Experiment folders (those holding ``runs/``, or the params of a figures-only sweep in
+    ``inputs/``: git keeps no empty runs/) under ``root``, at most ``max_depth`` levels down,
+    sorted. An experiment's own subfolders are not searched."""
     root = Path(root)
     found: list[Path] = []
 
     def walk(d: Path, depth: int) -> None:
-        if (d / RUNS).is_dir():
+        if (d / RUNS).is_dir() or any((d / "inputs").glob("params__*.yaml")):
             found.append(d)
             return
         if depth >= max_depth:

@@ -240,6 +240,8 @@ class Sweep:
 
     def describe(self) -> str:
         text = self.plan.describe(self.resume())
+        if self.params.figures_only:
+            text += "\nfigures only (figures_only: true): nothing to run, no engine starts"
         n = self.params.start_together
         if n > 1:
             text += (f"\n\nstart_together: {n} engine configs start at once, then each is "
@@ -268,6 +270,10 @@ class Sweep:
         s = stamp()
         params_text = yaml.safe_dump(self.params.to_dict(), sort_keys=False)
         write_new(self.store.root / "inputs" / f"params__{s}.yaml", params_text.encode())
+        # where it ran, readable without rows (a figures-only experiment: Fig 6.1's topology)
+        facts = {**hardware.machine(), "gpu_topology": hardware.nvidia_smi_topo()}
+        write_new(self.store.root / "inputs" / f"machine__{s}.json",
+                  json.dumps(facts, indent=1, default=str).encode())
         replace_atomic(self.store.root / "plan.json",
                        json.dumps(self.plan.to_dict(), indent=1, default=str).encode())
 

@@ -52,6 +52,9 @@ class Workbook:
         """One markdown line: what this notebook runs and where its results go (a path
         relative to the project, so a shared report shows no machine's layout)."""
         p = self.params
+        if p.figures_only:
+            return (f"**Experiment** `{p.experiment}` — model `{p.model}`, figures only: no "
+                    f"engine starts. Results: `{config.display_path(self.sweep.store.root)}`")
         return (f"**Experiment** `{p.experiment}` — model `{p.model}`, "
                 f"{len(p.engine_grid)} engine config(s) × {len(p.load.users)} load point(s) "
                 f"× {p.repeats} repeat(s). Results: "

@@ -3,16 +3,273 @@ decode on separate servers (Figs 6.1–6.2)."""
 
 from __future__ import annotations
 
-from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
+from pathlib import Path
 
-CHAPTER = chapter(6, "Layouts across GPUs and servers", None,
-                  "Picking a parallel layout; prefill/decode disaggregation.")
+import altair as alt
+import pandas as pd
+
+from tunebook import charts, config
+from tunebook import layout as L
+from tunebook.evidence import DIFFERS, HOLDS, NOT_MEASURED, Claim, Evidence, load_evidence, missing
+from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
+from tunebook.models import PRESETS
+from tunebook.schema import STATUS_ENGINE_FAILED
+from tunebook.startup import get_rule
+
+CHAPTER = chapter(
+    6, "Layouts across GPUs and servers", "06_layouts",
+    """The manual's chapter 6: which parallel layout serves a model, and prefill and decode on
+separate servers.
+
+**Fig 6.1** answers three questions — does the model fit one GPU (weights plus the KV cache the
+target users × context need, sized from config.json as in chapter 2), how many GPUs and what
+links them (`nvidia-smi topo -m` where there is a GPU), and the goal (latency or throughput) —
+with tensor, pipeline and data parallel sizes and the `vllm serve` flags, following vLLM's own
+guide ([Parallelism and Scaling](https://docs.vllm.ai/en/latest/serving/parallelism_scaling/)).
+It starts no engine: its check is chapter 2's stored starts (a start that failed for lack of
+memory must not be told it fits). Where this machine has no GPU or one GPU, the notebook says
+which questions it answered only on paper.
+
+**Fig 6.2** (prefill/decode disaggregation) needs GPUs: on a CPU it says so and is skipped.
+
+`tunebook run params/ch06.yaml` (CPU) or `params/ch06-h200.yaml` (GPU); the inputs are the
+params' `layout:` section.""",
+    extras=(("## Pick a layout yourself\nThe answer for the params' inputs, what this machine "
+             "could only answer on paper, the same helper on machines this one is not, and a "
+             "form: each change re-answers at once (the answer is a function of the form's "
+             "values only).",
+             "from tunebook.figures import ch06_layouts\n\n"
+             "ch06_layouts.show_form(wb.evidence())"),),
+)
+
+# Failed-start rules (tunebook.startup) whose failures are a lack of memory: the helper must
+# say "does not fit" for these; other failures (a refused dtype) say nothing about memory.
+MEMORY_RULES = ("max_model_len", "no_cache_memory", "cpu_kv_nothing_left", "cpu_kv_over_free",
+                "out_of_memory")
+STARTED, FAILED_MEMORY, FAILED_OTHER = "started", "failed: memory", "failed: not memory"
+OUTCOME_COLOUR = {STARTED: "#54a24b", FAILED_MEMORY: charts.FAILURE_COLOUR,
+                  FAILED_OTHER: "#9e9e9e"}
+NO_KV_ROOM = 1000.0  # where the chart puts a start whose weights leave no KV room (log axis)
+VLLM_DEFAULT_GMU = 0.9  # vLLM's default gpu_memory_utilization
+
+
+def layout_inputs(ev: Evidence) -> tuple[L.LayoutInputs, list[str]]:
+    """The params' layout inputs, with what the recorded machine answers (``layout.machine:
+    auto``), and the questions answered only on paper."""
+    raw = dict(ev.params.get("layout") or {})
+    mode = raw.pop("machine", "auto")
+    raw.pop("check_against", None)
+    i = L.inputs_from({"model": ev.params.get("model") or L.LayoutInputs.model, **raw})
+    if mode == "paper":
+        return i, ["layout.machine is paper: every question is answered on paper"]
+    return L.on_machine(i, ev.machine)
+
+
+def chapter2(ev: Evidence) -> Evidence | None:
+    """Chapter 2's stored starts: ``layout.check_against`` (relative to the project), else
+    the ch02 experiment beside this one."""
+    raw = (ev.params.get("layout") or {}).get("check_against")
+    if not raw:
+        return ev.sibling("ch02")
+    path = Path(raw) if Path(raw).is_absolute() else config.home() / raw
+    return load_evidence(path) if (path / "runs").is_dir() else None
+
+
+def _device_gib(ev2: Evidence) -> float | None:
+    """The device memory vLLM budgets against in ch02: its own total (torch's view), else
+    nvidia-smi's."""
+    for col in ("total_memory_gib", "gpu_memory_gib"):
+        v = pd.to_numeric(ev2.df.get(col, pd.Series(dtype=float)), errors="coerce").dropna()
+        if len(v):
+            return float(v.max())
+    return None
+
+
+def start_checks(ev2: Evidence, overhead_gib: float = L.LayoutInputs.overhead_gib
+                 ) -> pd.DataFrame:
+    """One row per chapter-2 engine config: how its start went, and what the helper says of
+    one request of max_model_len (vLLM's own start check) on one GPU of that machine."""
+    cols = ["engine_label", "model", "outcome", "error", "helper", "agrees", "weights_gib",
+            "kv_needed_gib", "kv_available_gib", "budget_gib", "margin_gib", "kv_need_ratio"]
+    device = _device_gib(ev2)
+    if ev2.df.empty or device is None:
+        return pd.DataFrame(columns=cols)
+    memory = {get_rule(n).symptom for n in MEMORY_RULES}
+    rows = []
+    for _, g in ev2.df.groupby("engine_config_id", sort=False):
+        r = g.iloc[0]
+        failed = bool((g["status"] == STATUS_ENGINE_FAILED).all())
+        error = None if missing(r.get("error")) else str(r["error"])
+        outcome = (STARTED if not failed else FAILED_MEMORY if error in memory
+                   else FAILED_OTHER)
+        model = str(r.get("model"))
+        if model not in PRESETS:
+            continue
+        mml = ev2.knob(r, "max_model_len") or PRESETS[model]["config"]["max_position_embeddings"]
+        kv_bytes = ev2.knob(r, "kv_cache_memory_bytes")
+        i = L.LayoutInputs(
+            model=model, gpu_memory_gib=device,
+            gpu_memory_utilization=float(ev2.knob(r, "gpu_memory_utilization",
+                                                  VLLM_DEFAULT_GMU)),
+            users=1, context_tokens=int(mml),
+            kv_cache_dtype=str(ev2.knob(r, "kv_cache_dtype", "auto")),
+            quantization=ev2.knob(r, "quantization"), overhead_gib=overhead_gib,
+            kv_cache_memory_bytes=None if kv_bytes is None else int(kv_bytes))
+        f = L.fit(i)
+        ratio = f.kv_needed_gib / f.kv_available_gib if f.kv_available_gib > 0 else NO_KV_ROOM
+        rows.append({"engine_label": str(r["engine_label"]), "model": model,
+                     "outcome": outcome, "error": error,
+                     "helper": "fits" if f.fits else "does not fit",
+                     "agrees": None if outcome == FAILED_OTHER else f.fits == (outcome == STARTED),
+                     "weights_gib": f.weights_gib, "kv_needed_gib": f.kv_needed_gib,
+                     "kv_available_gib": f.kv_available_gib, "budget_gib": f.budget_gib,
+                     "margin_gib": f.margin_gib, "kv_need_ratio": min(ratio, NO_KV_ROOM)})
+    return pd.DataFrame(rows, columns=cols)
 
 
 @figure("6.1")
 class PickTheLayout(FigureUnit):
     title = "Three questions pick the layout"
+    narrative = ("Does the model fit one GPU, how many GPUs and what links them, and the goal "
+                 "→ TP × PP × DP and the `vllm serve` flags (`tunebook.layout`; the rules "
+                 "and vLLM's words are in its docstring). The check: the helper's fit verdict "
+                 "on every start chapter 2 stored — one request of max_model_len, vLLM's own "
+                 "start check — against how the start went. The chart puts each start at KV "
+                 "needed ÷ KV available (left of 1: the helper says it fits).")
+    note = ("A decision guide, not a measurement: the manual gives no numbers. The overhead "
+            "(activation peak, non-torch memory, CUDA graphs) is a planning allowance.")
     needs = Needs(measured=False)
+    chart_when_unmeasured = True
+
+    def table(self, ev: Evidence) -> pd.DataFrame:
+        """The helper's verdict on each chapter-2 start beside how the start went."""
+        ev2 = chapter2(ev)
+        if ev2 is None:
+            return start_checks(Evidence(ev.root, pd.DataFrame(), [], {}))
+        i, _ = layout_inputs(ev)
+        return start_checks(ev2, i.overhead_gib)
+
+    def rule(self, ev: Evidence) -> Claim:
+        """Holds when no chapter-2 start that failed for lack of memory (a failed-start rule
+        of tunebook.startup that names memory) is told it fits, and every start that
+        succeeded is told it fits; starts that failed for another reason are listed, not
+        judged. The params' own answer is quoted beside it."""
+        i, paper = layout_inputs(ev)
+        try:
+            answer = L.pick(i)
+            said = f"params ({i.model}): {answer.summary()}; `{answer.command()}`"
+        except (L.LayoutError, ValueError, KeyError) as e:
+            said = f"params: cannot answer: {e}"
+        if paper:
+            said += "; on paper: " + "; ".join(paper)
+        ev2 = chapter2(ev)
+        t = self.table(ev)
+        if ev2 is None or t.empty:
+            return self.verdict(ev, said, NOT_MEASURED,
+                                "no chapter-2 starts stored (layout.check_against or a ch02 "
+                                "experiment beside this one)")
+        judged = t[t.outcome != FAILED_OTHER]
+        wrong = judged[~judged.agrees.astype(bool)]
+        other = t[t.outcome == FAILED_OTHER]
+        where = f"{ev2.experiment} on {ev2.hardware or 'its machine'}"
+        text = (f"{len(judged) - len(wrong)} of {len(judged)} chapter-2 starts ({where}): "
+                "the helper's fit verdict agrees with the start"
+                + (f" ({len(other)} failed for another reason: "
+                   + "; ".join(f"{r.engine_label}: {r.error}" for r in other.itertuples()) + ")"
+                   if len(other) else "")
+                + f". {said}")
+        if judged.empty:
+            return self.verdict(ev, text, NOT_MEASURED, "no start that ran or failed for "
+                                                        "memory")
+        why = ("every start that ran is told it fits and every start that failed for memory "
+               "is told it does not" if wrong.empty else
+               "; ".join(f"{r.engine_label} {r.outcome} but the helper says {r.helper} "
+                         f"(margin {r.margin_gib:+.3g} GiB)" for r in wrong.itertuples()))
+        # the manual gives no number: no reference value
+        return self.verdict(ev, text, HOLDS if wrong.empty else DIFFERS, why,
+                            float(len(judged) - len(wrong)))
+
+    def chart(self, ev: Evidence) -> alt.TopLevelMixin | None:
+        t = self.table(ev)
+        if t.empty:
+            return None
+        t = t.assign(start=t.engine_label.map(charts.display_label),
+                     where=lambda d: d.helper.map({"fits": "helper: fits",
+                                                   "does not fit": "helper: does not fit"}))
+        y = alt.Y("start:N", title=None, sort=None, axis=alt.Axis(labelLimit=360))
+        x = alt.X("kv_need_ratio:Q", scale=alt.Scale(type="log"),
+                  title="KV needed ÷ KV available (one request of max_model_len, one GPU)")
+        points = alt.Chart(t).mark_point(size=160, filled=True).encode(
+            x=x, y=y,
+            color=alt.Color("outcome:N", title="the start (chapter 2)",
+                            scale=alt.Scale(domain=list(OUTCOME_COLOUR),
+                                            range=list(OUTCOME_COLOUR.values())),
+                            legend=alt.Legend(orient="bottom")),
+            shape=alt.Shape("where:N", title="the helper",
+                            scale=alt.Scale(domain=["helper: fits", "helper: does not fit"],
+                                            range=["circle", "cross"]),
+                            legend=alt.Legend(orient="bottom")),
+            tooltip=["engine_label", "model", "outcome", "error", "helper", "weights_gib",
+                     "kv_needed_gib", "kv_available_gib", "budget_gib", "margin_gib"])
+        one = alt.Chart(pd.DataFrame({"x": [1.0]})).mark_rule(
+            color="#111", strokeDash=[4, 3]).encode(x="x:Q")
+        return alt.layer(one, points).properties(
+            width=charts.WIDTH, height=alt.Step(34),
+            title=charts.titled("The layout helper on chapter 2's starts (Fig 6.1)",
+                                [f"left of the dashed line the helper says it fits; "
+                                 f"{NO_KV_ROOM:g}: the weights leave no room for KV",
+                                 "colour: how the start went; shape: the helper's verdict"]))
+
+
+# --- the form (the chapter's extra cell) ---------------------------------------------------
+def paper_cases(i: L.LayoutInputs) -> pd.DataFrame:
+    """The helper on machines this one is not: the params' model and chapter 2's model too
+    large for one GPU (Qwen1.5-110B), on 1 GPU, 8 GPUs over NVLink (each goal), 4 over
+    PCIe and 2 nodes × 8."""
+    machines = [("1 GPU", dict(gpus_per_node=1, nodes=1)),
+                ("8 GPUs, NVLink, latency", dict(gpus_per_node=8, link="nvlink", goal="latency")),
+                ("8 GPUs, NVLink, throughput", dict(gpus_per_node=8, link="nvlink",
+                                                    goal="throughput")),
+                ("4 GPUs, PCIe, latency", dict(gpus_per_node=4, link="pcie", goal="latency")),
+                ("2 nodes × 8 GPUs, NVLink, latency", dict(gpus_per_node=8, nodes=2,
+                                                           link="nvlink", goal="latency"))]
+    rows = []
+    for model in dict.fromkeys([i.model, "qwen1.5-110b"]):
+        for name, change in machines:
+            base = L.LayoutInputs(**{**i.to_dict(), "nodes": 1, "model": model})
+            case = L.inputs_from(change, base)
+            try:
+                a = L.pick(case)
+                rows.append({"model": model, "machine": name,
+                             "fits_one_gpu": a.fits_one_gpu, "layout": a.summary(),
+                             "vllm_serve_flags": " ".join(a.flags) or "—"})
+            except (L.LayoutError, ValueError, KeyError) as e:
+                rows.append({"model": model, "machine": name, "fits_one_gpu": None,
+                             "layout": f"cannot answer: {e}", "vllm_serve_flags": "—"})
+    return pd.DataFrame(rows)
+
+
+def show_form(ev: Evidence) -> None:
+    """The answer for the params' inputs (static: it survives into the HTML report), the
+    questions answered on paper, the paper cases, then the live form — in Jupyter only:
+    unattended (papermill sets TUNEBOOK_BATCH) a widget view would only pull a widget
+    script from a CDN into the offline HTML."""
+    from IPython.display import Markdown, display
+
+    i, paper = layout_inputs(ev)
+    display(Markdown("### The params' answer\n" + L.answer_markdown(i)))
+    display(Markdown("**Answered only on paper here:** " + ("; ".join(paper) if paper else
+                                                             "nothing: this machine answered "
+                                                             "every question")))
+    display(Markdown(f"### On paper: the same helper on other machines\n{i.gpu_memory_gib:g} "
+                     f"GiB per GPU, {i.users} users × {i.context_tokens:,} tokens."))
+    display(paper_cases(i))
+    if config.batch():
+        display(Markdown("*The form is live when this notebook is opened in Jupyter; run "
+                         "unattended, the answer above is the params' `layout:` inputs.*"))
+        return
+    display(Markdown("### The form\nStarts at the params' inputs; each change re-answers."))
+    display(L.form(i).widget())
 
 
 @figure("6.2")

@@ -296,6 +296,7 @@ class StepTokenBudget(FigureUnit):
         start = max(0, int(mixed[0]) - 4) if len(mixed) else 0
         g = g.iloc[start:start + STEP_WINDOW]
         budget = int(g.budget.dropna().iloc[0]) if g.budget.notna().any() else None
+        budget = budget or int(g.total_tokens.max())
         long = pd.concat([
             g.assign(kind="output tokens (one per running request)", tokens=g.decode_tokens,
                      order=0),
@@ -303,7 +304,8 @@ class StepTokenBudget(FigureUnit):
         bars = alt.Chart(long).mark_bar().encode(
             x=alt.X("step:O", title="scheduler step (vLLM's iteration index)",
                     axis=alt.Axis(labelOverlap=True)),
-            y=alt.Y("tokens:Q", title="tokens computed in the step", stack="zero"),
+            y=alt.Y("tokens:Q", title="tokens computed in the step", stack="zero",
+                    scale=alt.Scale(domain=[0, 1.4 * budget] if budget else alt.Undefined)),
             color=alt.Color("kind:N", title=None, sort=["output tokens (one per running "
                                                        "request)", "prompt chunk"],
                             scale=alt.Scale(range=[charts.PALETTE[1], charts.PALETTE[0]]),
@@ -316,7 +318,8 @@ class StepTokenBudget(FigureUnit):
             layers.append(alt.Chart(pd.DataFrame({"y": [budget]})).mark_rule(
                 strokeDash=[4, 4], color=charts.REFERENCE_STROKE).encode(y="y:Q"))
         mixed_g = g[(g.prefill_tokens > 0) & (g.decode_tokens > 0)]
-        layers.append(alt.Chart(mixed_g).mark_text(dy=-8, fontSize=10).encode(
+        layers.append(alt.Chart(mixed_g).mark_text(angle=270, align="left", baseline="middle",
+                                                   dx=3, fontSize=9).encode(
             x="step:O", y="total_tokens:Q",
             text=alt.Text("label:N")).transform_calculate(
             label="datum.decode_tokens + ' + ' + datum.prefill_tokens"))
