@@ -79,3 +79,16 @@ def test_the_check_fails_for_a_page_that_needs_the_network(drv, tmp_path: Path) 
     page.write_text(chart.to_html())  # not inline: <script src="https://cdn.jsdelivr.net/...">
     r = browser.rendered(drv, page)
     assert r.charts == 0
+
+
+# Chapters 6–8 (issue 13): their committed reports, as rendered by `tunebook run`, open
+# offline with every chart decoded (widgets and vega from the page itself, nothing fetched).
+CHAPTER_REPORTS = sorted(str(p.relative_to(REPO / "outputs"))
+                         for p in (REPO / "outputs").glob("*/ch0[678]/report.html"))
+
+
+@pytest.mark.parametrize("page", CHAPTER_REPORTS)
+def test_chapter_reports_render_offline(drv, page: str) -> None:
+    r = browser.rendered(drv, REPO / "outputs" / page)
+    assert r.remote == [], r
+    assert r.images >= 1 and r.images_ok == r.images, r
