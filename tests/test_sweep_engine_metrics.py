@@ -46,6 +46,9 @@ class FakeEngine:
     def log_tail(self) -> str:
         return ""
 
+    def log_offsets(self) -> dict[str, int]:
+        return {"log": self.log_path.stat().st_size if self.log_path.exists() else 0}
+
     def reset_prefix_cache(self) -> ResetResult:
         self.resets += 1
         return ResetResult(self.reset_ok, 5 if not self.reset_ok else 1,

@@ -16,6 +16,9 @@ Layout of a params file (see params/quickstart.yaml for a commented example)::
     load: {dataset: random, users: [1, 2, 4, 8], input_len: 128, output_len: 32}
     repeats: 1
 
+An engine_grid entry ``{disaggregate: {connector, prefill: {knobs}, decode: {knobs}}}`` is a
+prefill engine and a decode engine joined by a KV connector (Fig 6.2, tunebook.disagg).
+
 `load.users`, `load.request_rates` and `load.prefix_len` may each be a list: one load point per
 combination. `load.reset_prefix_cache` (default true) empties the engine's prefix cache before
 each load point, so no point is flattered by what an earlier one left cached; a figure that
@@ -41,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from tunebook import knobs, models
+from tunebook import disagg, knobs, models
 from tunebook.engine import DEV_MODE_ENV
 from tunebook.load import BLOCK_REUSE, DATASETS, PROMPT_DATASETS
 from tunebook.prompts import MIN_INPUT_LEN
@@ -432,6 +435,10 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
     max_runs = v.number(data, "max_runs", int, DEFAULT_MAX_RUNS, lo=1)
     max_prompts = v.number(data, "max_prompts", int, DEFAULT_MAX_PROMPTS, lo=1)
     engine = v.get(data, "engine", dict, default={})
+    if isinstance(engine, dict) and disagg.KEY in engine:
+        v.err(f"engine.{disagg.KEY}", "goes in an engine_grid entry (one entry = one pair of "
+                                      "engines): engine_grid: [{}, {disaggregate: {...}}]")
+        engine = {k: x for k, x in engine.items() if k != disagg.KEY}
     engine = v.knobs(engine, "engine") if isinstance(engine, dict) else {}
     grid = _engine_grid(v, data.get("engine_grid", [{}]), max_runs)
     engine_env = _engine_env(v, v.get(data, "engine_env", dict, default={}))
@@ -465,8 +472,7 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
     for sub, msg in base:
         v.err(f"engine.{sub}", msg)
     for i, override in enumerate(grid):
-        merged = {**engine, **override}
-        for sub, msg in _engine_problems(merged, together):
+        for sub, msg in _config_problems({**engine, **override}, together):
             if (sub, msg) not in base:
                 v.err(f"engine_grid[{i}].{sub}", msg)
     if "parts" not in data and figures_only is not True:  # parts: checked in _parts
@@ -527,6 +533,10 @@ def _together_checks(v: _Validator, n: int, configs: list[dict[str, Any]]) -> No
     vLLM sizes its KV pool by profiling the GPU's memory use, which would count the other
     engines' allocations as its own; kv_cache_memory_bytes skips that profile. And each engine
     first checks that gpu_memory_utilization x the GPU's memory is free."""
+    # a disaggregated pair is two engines: count (and check) each
+    starts = sorted((len(disagg.engines_of(c)) for c in configs), reverse=True)
+    configs = [k for c in configs for _, k in disagg.engines_of(c)]
+    n += sum(k - 1 for k in starts[:n])
     if any("kv_cache_memory_bytes" not in c for c in configs):
         v.err("start_together", f"{n} engines starting together would profile GPU memory at "
                                 "the same time and count each other's allocations; set "
@@ -591,7 +601,7 @@ def _parts(v: _Validator, data: dict, model: Any, engine: dict[str, Any], max_ru
             sub.err("figures", f"{', '.join(stray)} not in the file's figures: list them there")
         n0 = len(sub.problems)
         for j, override in enumerate(grid):
-            for k, msg in _engine_problems({**engine, **override}, together):
+            for k, msg in _config_problems({**engine, **override}, together):
                 sub.err(f"engine_grid[{j}].{k}", msg)
         if load is not None and len(sub.problems) == n0 and isinstance(model, str) \
                 and model.strip():
@@ -637,8 +647,8 @@ def _context_checks(v: _Validator, model: str, engine: dict[str, Any],
     prefix = 0 if load.dataset == BLOCK_REUSE else max(load.prefix_len)
     need = prefix + load.input_len + load.output_len
     too_long: dict[str, list[int]] = {}  # what it exceeds -> the engine configs
-    for i, override in enumerate(grid):
-        merged = {**engine, **override}
+    for i, merged in [(i, k) for i, g in enumerate(grid)
+                      for _, k in disagg.engines_of({**engine, **g})]:
         mml = merged.get("max_model_len")
         if isinstance(mml, int):
             if need > mml:
@@ -700,6 +710,11 @@ def _engine_grid(v: _Validator, raw: Any, max_runs: int) -> list[dict[str, Any]]
             v.err("engine_grid", "is empty: give knob -> list of values, or a list of "
                                  "configs ({} = vLLM defaults)")
             return [{}]
+        if disagg.KEY in raw:
+            v.err(f"engine_grid.{disagg.KEY}", "is one engine config, not a knob to vary: "
+                                               "write engine_grid as a list, e.g. [{}, "
+                                               "{disaggregate: {...}}]")
+            return [{}]
         knobs = v.knobs({k: None for k in raw}, "engine_grid", types=False)
         ok = len(knobs) == len(raw)
         for k in knobs:
@@ -742,7 +757,11 @@ def _engine_grid(v: _Validator, raw: Any, max_runs: int) -> list[dict[str, Any]]
                                        f"{{max_num_seqs: 4}}, got {_tname(item)} {_short(item)}")
             continue
         n0 = len(v.problems)
-        knobs = v.knobs(item, f"engine_grid[{i}]")
+        knobs = v.knobs({k: x for k, x in item.items() if k != disagg.KEY}, f"engine_grid[{i}]")
+        if disagg.KEY in item:  # a prefill engine and a decode engine (tunebook.disagg)
+            spec = disagg.check(v, item[disagg.KEY], f"engine_grid[{i}].{disagg.KEY}")
+            if spec is not None:
+                knobs[disagg.KEY] = spec
         key = repr(sorted(knobs.items()))
         if key in seen and len(v.problems) == n0:  # a dropped bad knob is no duplicate
             v.err(f"engine_grid[{i}]", f"duplicates engine_grid[{seen[key]}]: each entry must "
@@ -901,6 +920,16 @@ def _int_list(v: _Validator, raw: Any, key: str) -> list[int]:
     if len(set(out)) != len(out):
         dups = sorted({x for x in out if out.count(x) > 1})
         v.err(key, f"has duplicates ({_short(dups)}): list each value once")
+    return out
+
+
+def _config_problems(cfg: dict[str, Any], together: int = 1) -> list[tuple[str, str]]:
+    """_engine_problems of each engine a config starts (a disaggregated pair's two roles,
+    their keys prefixed `disaggregate.<role>.`), and what the pair itself cannot do."""
+    out = disagg.pair_problems(cfg)
+    pair = disagg.is_pair(cfg)  # its two engines start side by side: pinned pools are welcome
+    for prefix, role in disagg.engines_of(cfg):
+        out += [(prefix + k, m) for k, m in _engine_problems(role, max(together, 2 * pair))]
     return out
 
 

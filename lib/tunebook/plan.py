@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunebook import knobs, schema
+from tunebook import disagg, knobs, schema
 from tunebook.load import LoadPoint
 from tunebook.params import SweepParams
 
@@ -135,10 +135,13 @@ class Plan:
                        "count as done")
         lines = [header]
         for e in self.engines:
-            flags = " ".join(knobs.argv(e.knobs)) or "(vLLM defaults)"
             env = " ".join(f"{k}={v}" for k, v in e.env.items())
-            lines.append(f"\n[{e.id}] {e.label}\n  vllm serve {e.model} {flags}"
-                         + (f"\n  env: {env}" if env else ""))
+            if disagg.is_pair(e.knobs):
+                serve = "".join(f"\n  {line}" for line in disagg.describe(e.knobs, knobs.argv))
+            else:
+                flags = " ".join(knobs.argv(e.knobs)) or "(vLLM defaults)"
+                serve = f"\n  vllm serve {e.model} {flags}"
+            lines.append(f"\n[{e.id}] {e.label}{serve}" + (f"\n  env: {env}" if env else ""))
             for r in self.runs_for(e):
                 p = r.point
                 line = (f"{p.label:<22} {p.dataset} in={p.input_len} out={p.output_len} "
@@ -160,6 +163,8 @@ class Plan:
 def _label(override: dict[str, Any]) -> str:
     if not override:
         return "default"
+    if disagg.is_pair(override):
+        return disagg.label(override)
     return ", ".join(f"{k}={json.dumps(v) if isinstance(v, dict) else v}"
                      for k, v in override.items())
 

@@ -184,6 +184,29 @@ COLUMNS: tuple[Column, ...] = (
        "decodes it"),
     _C("cached_tokens", "Int64", "block_reuse: prompt tokens of the second prompt the engine "
                                  "served from cache (usage.prompt_tokens_details.cached_tokens)"),
+    # --- prefill/decode disaggregation (Fig 6.2, tunebook.disagg): <NA> on one engine -----
+    _C("disaggregated", "boolean", "the load went through a proxy to a prefill engine, then a "
+                                   "decode engine fed by a KV connector; False: one engine"),
+    _C("kv_connector", "string", "the KV connector joining the prefill and decode engines"),
+    _C("kv_bytes_transferred", "Int64",
+       "bytes of KV the prefill engine wrote through the connector during the load point "
+       "(warm-ups included; ExampleConnector: its files, counted by the proxy)"),
+    _C("kv_prompts_stored", "Int64", "prompts whose KV the prefill engine stored"),
+    _C("kv_bytes_per_token", "Int64", "the model's KV bytes per token over all layers, from its "
+                                      "config (what one prompt token should cost to move)"),
+    _C("kv_loaded_tokens", "Int64", "prompt tokens the decode engine loaded through the "
+                                    "connector instead of computing (the connector's 'Inject "
+                                    "KV cache of N tokens' log lines)"),
+    _C("prefill_prompt_tokens", "Int64",
+       "prompt tokens the prefill engine received (its vllm:prompt_tokens delta)"),
+    _C("proxy_requests", "Int64", "requests the proxy sent through both engines (warm-ups "
+                                  "included)"),
+    _C("median_prefill_ms", "float64", "median time of the prefill call (the 1-token request "
+                                       "sent to the prefill engine, answer read), per request"),
+    _C("median_decode_first_byte_ms", "float64",
+       "median time from sending a request to the decode engine to its first streamed byte"),
+    _C("mean_proxy_overhead_ms", "float64",
+       "mean time per request the proxy spent on its own (not waiting on an engine)"),
     # --- engine start-up facts (Fig 1.1), parsed from the engine log ---------------------
     _C("vllm_version", "string", "vLLM version the engine reported"),
     _C("model_runner", "string", "'V1' or 'V2' model runner"),

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from tunebook import config, hardware, probe, schema
+from tunebook import config, disagg, hardware, probe, schema
 from tunebook import metrics as engine_metrics
 from tunebook.engine import (
     Engine,
@@ -304,6 +304,10 @@ class Sweep:
         return result
 
     def _engine(self, cfg: EngineConfig, runs: list[PlannedRun], model: ModelRef) -> Engine:
+        if disagg.is_pair(cfg.knobs):  # prefill + decode engines and a proxy (Fig 6.2)
+            return disagg.DisaggPair(  # type: ignore[return-value] - an Engine to the sweep
+                model, cfg.knobs, cfg.env, self.store.engine_log_path(cfg.id),
+                startup_timeout_s=self.params.startup_timeout_s, options=server_options(runs))
         return Engine(model, cfg.knobs, cfg.env, self.store.engine_log_path(cfg.id),
                       startup_timeout_s=self.params.startup_timeout_s,
                       options=server_options(runs))
@@ -316,8 +320,9 @@ class Sweep:
         record how many engines started together: their `startup_s` was measured under that
         contention."""
         engines = {cfg.id: self._engine(cfg, runs, models[cfg.model]) for cfg, runs in batch}
+        n = sum(2 if isinstance(e, disagg.DisaggPair) else 1 for e in engines.values())
         for engine in engines.values():
-            engine.started_together = len(batch)
+            engine.started_together = n  # a disaggregated pair is two engines
         errors: dict[str, BaseException] = {}
 
         def start(cfg_id: str) -> None:
@@ -419,6 +424,12 @@ class Sweep:
                 return
             row_extra["prefix_cache_reset"] = True
         scrape_errors: list[str] = []
+        pair = engine if isinstance(engine, disagg.DisaggPair) else None
+        try:  # a pair counts the KV that crosses from its prefill to its decode engine
+            tally = pair.begin_point() if pair else None
+        except EngineRequestError as e:
+            tally = None
+            scrape_errors.append(f"disaggregation tally: {e}"[:200])
         before = self._scrape(engine, scrape_errors)
         log_from = engine.log_offsets()
         sampler = engine_metrics.Sampler(engine.metrics_text)
@@ -446,10 +457,16 @@ class Sweep:
             return
         after = self._scrape(engine, scrape_errors)
         row_extra.update(engine_metrics.row(before, after, sampler))
+        pair_record = None
+        if pair and tally:
+            pair_cols, pair_record = pair.end_point(tally)
+            row_extra.update(pair_cols)
         extra: dict[str, Any] = {
             "engine_metrics": engine_metrics.record(before, after, sampler, scrape_errors),
             # byte ranges of the shared engine logs that this load wrote (Figs 8.2, 8.3)
             "log_span": {k: [v, engine.log_offsets().get(k, v)] for k, v in log_from.items()}}
+        if pair_record is not None:
+            extra["disagg"] = pair_record
         status = schema.STATUS_OK
         error = None
         if point.dataset == BLOCK_REUSE:
@@ -498,6 +515,7 @@ class Sweep:
             **run.point.as_row(), "seed": seed,
             **(metrics or {}), **(row_extra or {}), **facts, "startup_s": engine.startup_s,
             "engines_started_together": engine.started_together,
+            "disaggregated": isinstance(engine, disagg.DisaggPair),
             "error": error, "error_line": error_line, "error_hint": error_hint,
             **hardware.machine(),
             **run.engine.knobs,
@@ -509,6 +527,7 @@ class Sweep:
                 "env": run.engine.env,
                 "log": os.path.relpath(engine.log_path, self.store.root),
                 "process_tree": engine.process_tree,
+                **({"pair": engine.record()} if isinstance(engine, disagg.DisaggPair) else {}),
             },
             "params_source": self.params.source,
             **(extra or {}),
