@@ -30,10 +30,15 @@ It starts no engine: its check is chapter 2's stored starts (a start that failed
 memory must not be told it fits). Where this machine has no GPU or one GPU, the notebook says
 which questions it answered only on paper.
 
-**Fig 6.2** (prefill/decode disaggregation) needs GPUs: on a CPU it says so and is skipped.
+**Fig 6.2** puts a prefill engine and a decode engine side by side, joined by vLLM's
+ExampleConnector (KV through files), with a small proxy in front (`tunebook.disagg`), and
+measures them against one engine at the same load. On a GPU it is part of
+`params/ch06-h200.yaml`; on the CPU `params/ch06-disagg.yaml` shows the mechanism (the KV
+bytes that crossed), while its latency ratios mean nothing there (three engines share two
+cores), so `params/ch06.yaml` leaves it out and the CPU report says so.
 
-`tunebook run params/ch06.yaml` (CPU) or `params/ch06-h200.yaml` (GPU); the inputs are the
-params' `layout:` section.""",
+`tunebook run params/ch06.yaml` (CPU) or `params/ch06-h200.yaml` (GPU); the layout inputs are
+the params' `layout:` section.""",
     extras=(("## Pick a layout yourself\nThe answer for the params' inputs, what this machine "
              "could only answer on paper, the same helper on machines this one is not, and a "
              "form: each change re-answers at once (the answer is a function of the form's "
