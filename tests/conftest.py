@@ -118,21 +118,30 @@ REPLOTS: dict[str, tuple[str, str]] = {
     "cpu-ch05": ("ch05.yaml", "cpu/ch05"),
     "cpu-ch04": ("ch04.yaml", "cpu/ch04"),
     "cpu-ch06": ("ch06.yaml", "cpu/ch06"),
+    "cpu-ch07": ("ch07.yaml", "cpu/ch07"),
     "cpu-ch08": ("ch08.yaml", "cpu/ch08"),
 }
+# Replots whose figures read the machine's other experiments too (Fig 7.1): the committed
+# experiments beside the stored one are copied beside the copy.
+REPLOT_WITH_MACHINE = {"cpu-ch07"}
 
 
 class Replot:
     """`tunebook run PARAMS --outputs OUT --replot -q` on a copy of a committed experiment, in a
     subprocess; `wait()` gives its exit code and output."""
 
-    def __init__(self, params_file: str, stored: str, outputs: Path):
+    def __init__(self, params_file: str, stored: str, outputs: Path, machine: bool = False):
         import yaml
 
         self.params = REPO / "params" / params_file
         self.outputs = outputs
         self.exp = outputs / yaml.safe_load(self.params.read_text())["experiment"]
         shutil.copytree(REPO / "outputs" / stored, self.exp)
+        if machine:  # the other experiments of the same machine, beside it
+            src = (REPO / "outputs" / stored).parent
+            for other in sorted(p for p in src.iterdir() if (p / "runs").is_dir()):
+                if other.name != Path(stored).name:
+                    shutil.copytree(other, outputs / other.name)
         engines = self.exp / "engines"  # a figures-only experiment has none
         self.engine_logs_before = sorted(engines.iterdir()) if engines.is_dir() else []
         self._proc: subprocess.Popen | None = None
@@ -183,7 +192,8 @@ def replots(request: pytest.FixtureRequest,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Replot]]:
     """The replots the selected tests use, started now (see the module docstring)."""
     names = {m.args[0] for item in request.session.items for m in item.iter_markers("replot")}
-    started = {n: Replot(*REPLOTS[n], tmp_path_factory.mktemp(f"replot-{n}"))
+    started = {n: Replot(*REPLOTS[n], tmp_path_factory.mktemp(f"replot-{n}"),
+                         machine=n in REPLOT_WITH_MACHINE)
                for n in sorted(names)}
 
     def one_after_another() -> None:  # one core's worth: the tests keep the other

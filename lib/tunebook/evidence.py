@@ -19,7 +19,7 @@ import yaml
 
 from tunebook import schema
 from tunebook.stats import Interval, within_noise
-from tunebook.store import Store, ok_rows
+from tunebook.store import Store, find_experiments, ok_rows
 
 HOLDS = "holds"
 DIFFERS = "differs"
@@ -68,6 +68,17 @@ class Evidence:
     @property
     def experiment(self) -> str:
         return self.root.name
+
+    @property
+    def machine_root(self) -> Path:
+        """outputs/<machine>/: the folder that holds this experiment beside the other
+        experiments of the same machine."""
+        return self.root.parent
+
+    def machine_experiments(self) -> list[Evidence]:
+        """Every experiment stored in this machine's outputs root, this one included, loaded
+        afresh (Fig 7.1 reads them all)."""
+        return load_machine(self.machine_root)
 
     @property
     def figures(self) -> tuple[str, ...]:
@@ -157,6 +168,12 @@ def load_evidence(root: str | Path) -> Evidence:
     machine = json.loads(facts[-1].read_text()) if facts else {}
     return Evidence(store.root, store.table(), list(store.records()), params or {},
                     machine if isinstance(machine, dict) else {})
+
+
+def load_machine(root: str | Path) -> list[Evidence]:
+    """The experiments directly under one machine's outputs root (outputs/<machine>/), in
+    name order."""
+    return [load_evidence(p) for p in find_experiments(root, max_depth=1)]
 
 
 def missing(v: Any) -> bool:

@@ -89,7 +89,7 @@ ENGINE_KEYS = ("engine", "engine_grid", "engine_env", "load", "parts", "start_to
 # The `layout:` keys that are not tunebook.layout.LayoutInputs fields.
 LAYOUT_EXTRA_KEYS = ("check_against", "machine")
 LAYOUT_MACHINE = ("auto", "paper")
-PART_KEYS = ("name", "engine_grid", "load", "figures")
+PART_KEYS = ("name", "engine_grid", "load", "figures", "run_timeout_s")
 
 
 class ParamsError(ValueError):
@@ -152,10 +152,16 @@ class Part:
     engine_grid: tuple[dict[str, Any], ...]
     load: LoadParams
     figures: tuple[str, ...] = ()  # the figures drawn from this part's rows (empty: any)
+    # this part's load points time out after this many seconds (None: the file's run_timeout_s);
+    # chapter 7 induces a timed-out run with a short one
+    run_timeout_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "engine_grid": [dict(g) for g in self.engine_grid],
-                "load": _load_dict(self.load), "figures": list(self.figures)}
+        out = {"name": self.name, "engine_grid": [dict(g) for g in self.engine_grid],
+               "load": _load_dict(self.load), "figures": list(self.figures)}
+        if self.run_timeout_s is not None:
+            out["run_timeout_s"] = self.run_timeout_s
+        return out
 
 
 def _load_dict(load: LoadParams) -> dict[str, Any]:
@@ -199,6 +205,11 @@ class SweepParams:
         if self.figures_only:
             return ()
         return self.parts or (Part("", self.engine_grid, self.load, self.figures),)
+
+    def run_timeout_for(self, part: str) -> float:
+        """The run timeout of the load points of part ``part`` (its own, else the file's)."""
+        own = next((p.run_timeout_s for p in self.parts if p.name == part), None)
+        return self.run_timeout_s if own is None else own
 
     def to_dict(self) -> dict[str, Any]:
         """The params as plain YAML-able data (round-trips through `parse`)."""
@@ -596,6 +607,7 @@ def _parts(v: _Validator, data: dict, model: Any, engine: dict[str, Any], max_ru
             inherited = {k: v for k, v in inherited.items() if k not in PROBE_UNUSED_KEYS}
         load = _load(sub, {**inherited, **load_raw})
         part_figs = _figures(sub, item.get("figures") or [])
+        part_timeout = sub.number(item, "run_timeout_s", (int, float), None, lo=1)
         stray = [f for f in part_figs if figures and f not in figures]
         if stray:
             sub.err("figures", f"{', '.join(stray)} not in the file's figures: list them there")
@@ -612,7 +624,8 @@ def _parts(v: _Validator, data: dict, model: Any, engine: dict[str, Any], max_ru
                            * len(load.prefix_len) * repeats)
         v.problems += [(f"{key}.{k}" if k else key, m) for k, m in sub.problems]
         if load is not None:
-            out.append(Part(name, tuple(grid), load, part_figs))
+            out.append(Part(name, tuple(grid), load, part_figs,
+                            None if part_timeout is None else float(part_timeout)))
     if isinstance(max_runs, int) and total_runs > max_runs:
         v.err("parts", f"the parts plan {total_runs:,} runs, over max_runs={max_runs}; narrow "
                        "them or raise max_runs deliberately")

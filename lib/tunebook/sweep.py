@@ -409,6 +409,7 @@ class Sweep:
              result: SweepResult) -> None:
         point = run.point
         seed = point_seed(point)
+        timeout_s = self.params.run_timeout_for(run.part)
         started = utc_now()
         row_extra: dict[str, Any] = {"prefix_cache_reset": False}
         if point.reset_prefix_cache:
@@ -436,13 +437,13 @@ class Sweep:
         try:
             with sampler:
                 if point.dataset == BLOCK_REUSE:
-                    found = probe.run(engine, point, seed, timeout_s=self.params.run_timeout_s,
+                    found = probe.run(engine, point, seed, timeout_s=timeout_s,
                                       vocab_size=(model.config or {}).get("vocab_size"))
                 else:
                     argv = bench_argv(point, engine.base_url, "tunebook-model",
                                       model.tokenizer, seed)
                     res, printed = run_bench(argv, api_key=engine.api_key,
-                                             timeout_s=self.params.run_timeout_s)
+                                             timeout_s=timeout_s)
         except (KeyboardInterrupt, Terminated) as e:
             self._save(run, model, engine, result, status=schema.STATUS_INTERRUPTED,
                        started=started, seed=seed, row_extra=row_extra,
