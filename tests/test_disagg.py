@@ -140,7 +140,7 @@ def test_start_together_counts_a_pair_as_two_engines():
     assert "start_together: 3 engines starting together" in text  # decode pool not pinned
 
 
-@pytest.mark.parametrize("name", ["ch06-disagg.yaml", "ch06-disagg-h200.yaml"])
+@pytest.mark.parametrize("name", ["ch06-disagg.yaml", "ch06-h200.yaml"])
 def test_shipped_params_plan(name):
     p = P.load(REPO / "params" / name)
     assert p.experiment == "ch06" and [part.name for part in p.parts] == ["disagg"]

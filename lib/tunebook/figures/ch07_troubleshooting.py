@@ -170,12 +170,17 @@ class SymptomToFix(FigureUnit):
                 for n, fs in found.items() if fs and fs[0].score is not None]
         bars_df = pd.DataFrame(best, columns=["symptom", "score", "experiment", "evidence",
                                               "induced"])
-        bars = alt.Chart(bars_df).mark_bar(color=charts.FAILURE_COLOUR).encode(
+        # a lollipop from the threshold (1) to the case: a log axis has no zero to start bars
+        bars_df["threshold"] = 1.0
+        lolly = alt.Chart(bars_df).encode(
             y=alt.Y("symptom:N", sort=symptoms, title=None, axis=alt.Axis(labelLimit=320)),
-            x=alt.X("score:Q", scale=alt.Scale(type="log"),
-                    title="the checked number ÷ its threshold (1 = at the threshold)"),
             tooltip=["symptom", alt.Tooltip("score:Q", format=".2f"), "experiment",
                      "evidence"])
+        bars = lolly.mark_rule(color=charts.FAILURE_COLOUR, strokeWidth=3).encode(
+            x=alt.X("threshold:Q", scale=alt.Scale(type="log"),
+                    title="the checked number ÷ its threshold (1 = at the threshold)"),
+            x2="score:Q") + lolly.mark_point(filled=True, size=90, opacity=1,
+                                             color=charts.FAILURE_COLOUR).encode(x="score:Q")
         one = alt.Chart(pd.DataFrame({"x": [1.0]})).mark_rule(
             strokeDash=[4, 3], color="#616161").encode(x="x:Q")
         ratios = alt.layer(bars, one).properties(
@@ -224,7 +229,7 @@ def show_table(ev: Evidence) -> None:
     """Display Fig 7.1's table as HTML (the chapter notebook's last figure cell)."""
     from IPython.display import HTML, display
 
-    from tunebook.figures import get
+    from tunebook.figures.registry import get
 
     display(HTML(get("7.1").html(ev)))  # type: ignore[attr-defined]
 
