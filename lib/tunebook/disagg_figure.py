@@ -182,7 +182,9 @@ def rule(unit: Any, ev: Evidence) -> Any:
         return unit.verdict(ev, "no disaggregated run", NOT_MEASURED,
                             "needs an engine_grid entry {disaggregate: {...}} (a prefill "
                             "engine, a decode engine and a KV connector) beside {} (one "
-                            "engine) at the same load points")
+                            "engine) at the same load points: params/ch06-h200.yaml on a GPU; "
+                            "on the CPU params/ch06-disagg.yaml (experiment ch06-disagg) shows "
+                            "the mechanism, its latency ratios need a GPU")
     failed = [(r, mechanism(r)) for _, r in t.iterrows()]
     failed = [(r, bad) for r, bad in failed if bad]
     per_prompt = t["bytes_per_prompt"].median()
