@@ -64,6 +64,7 @@ from tunebook.engine import (
     ResetResult,
     ServerOptions,
     free_port,
+    http_request,
     kill_group,
 )
 from tunebook.models import ModelRef, UnsupportedLayoutError, kv_bytes_per_token
@@ -477,21 +478,7 @@ class DisaggPair:
         """One HTTP request through the proxy, with the key (as Engine.request)."""
         if self.port is None:
             raise EngineRequestError("the pair was not started")
-        headers = {"Authorization": f"Bearer {self.api_key}"}
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        req = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method,
-                                     headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise EngineRequestError(f"{method} {path}: no answer "
-                                     f"({getattr(e, 'reason', e)})") from None
+        return http_request(self.base_url, self.api_key, method, path, body, timeout_s)
 
     def metrics_text(self, timeout_s: float = 5.0) -> str:
         """The decode engine's /metrics (where tokens are written); the prefill engine's are

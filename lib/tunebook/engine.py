@@ -261,6 +261,27 @@ def _stop_all() -> None:
         eng.stop()
 
 
+def http_request(base_url: str, api_key: str, method: str, path: str, body: Any = None,
+                 timeout_s: float = 10.0) -> tuple[int, bytes]:
+    """One HTTP request to a server of ours (an engine, a disaggregated pair's proxy) with its
+    API key; (status, body). A non-2xx status is returned, not raised; no answer at all raises
+    EngineRequestError."""
+    headers = {"Authorization": f"Bearer {api_key}"}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(f"{base_url}{path}", data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise EngineRequestError(f"{method} {path}: no answer ({reason})") from None
+
+
 class Engine:
     """One vLLM server. Use as a context manager, or call start()/stop()."""
 
@@ -418,21 +439,7 @@ class Engine:
         is returned, not raised; no answer at all raises EngineRequestError."""
         if self.port is None:
             raise EngineRequestError("the engine was not started")
-        headers = {"Authorization": f"Bearer {self.api_key}"}
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        req = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method,
-                                     headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            reason = getattr(e, "reason", e)
-            raise EngineRequestError(f"{method} {path}: no answer ({reason})") from None
+        return http_request(self.base_url, self.api_key, method, path, body, timeout_s)
 
     def metrics_text(self, timeout_s: float = 5.0) -> str:
         """`GET /metrics`: vLLM's Prometheus text (tunebook.metrics parses it)."""
