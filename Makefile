@@ -36,7 +36,7 @@ demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML 
 test: $(STAMP) models ## the whole suite, real vLLM engines included (~8.5 min on 2 cores in a fresh clone, 12 engine starts; .ci/run with its install ~16 min)
 	$(BIN)/python -m pytest -q -ra tests
 
-test-fast: $(STAMP) models ## the suite without engine starts (~65 s on 2 cores: 740 tests and five background replots)
+test-fast: $(STAMP) models ## the suite without engine starts (~100 s on 2 cores: about 960 tests and nine background replots)
 	$(BIN)/python -m pytest -q -m "not engine" tests
 
 lint: $(STAMP) ## ruff
