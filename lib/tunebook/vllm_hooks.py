@@ -57,6 +57,18 @@ def _ids(block_ids: Any) -> list[int]:
 
 
 class _Recorder:
+    """The recorder, mixed in before a vLLM scheduler class: it wraps that class's
+    `__init__` and `schedule` (cooperative `super()`), so both schedulers share one copy."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._rec_init()
+
+    def schedule(self, *args: Any, **kwargs: Any):  # -> SchedulerOutput
+        out = super().schedule(*args, **kwargs)
+        self._record(out)
+        return out
+
     def _rec_init(self) -> None:
         path = os.environ.get(BLOCK_TABLE_ENV)
         self._rec_file = open(path, "a", buffering=1) if path else None  # noqa: SIM115
@@ -127,24 +139,6 @@ class _Recorder:
 class BlockTableScheduler(_Recorder, Scheduler):
     """vLLM's Scheduler, recording each step (async scheduling off)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._rec_init()
-
-    def schedule(self, *args: Any, **kwargs: Any):  # -> SchedulerOutput
-        out = super().schedule(*args, **kwargs)
-        self._record(out)
-        return out
-
 
 class AsyncBlockTableScheduler(_Recorder, AsyncScheduler):
     """vLLM's AsyncScheduler, recording each step (async scheduling on)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._rec_init()
-
-    def schedule(self, *args: Any, **kwargs: Any):  # -> SchedulerOutput
-        out = super().schedule(*args, **kwargs)
-        self._record(out)
-        return out
