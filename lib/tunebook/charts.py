@@ -602,6 +602,51 @@ def ref_bars(data: pd.DataFrame, x: str, y: str, colour: str, x_title: str,
                                             title=titled(title, subtitle))
 
 
+# --- engine starts ------------------------------------------------------------------------
+PHASE_COLOURS = ("#9ecae9", "#4c78a8", "#bab0ac", "#54a24b", "#e45756", "#eeca3b", "#b279a2",
+                 "#f58518", "#72b7b2")  # one per start_phases.PHASES, in start order
+
+
+def start_phases(frame: pd.DataFrame, title: str = "Where each engine start's time went"
+                 ) -> alt.LayerChart | None:
+    """Stacked bars, one per engine start (start_phases.phases_frame), phases in start order;
+    the total (spawn → /health) and the compile cache's state at the end of each bar."""
+    from tunebook.start_phases import PHASES, long_form
+
+    data = long_form(frame)
+    if data.empty:
+        return None
+    starts = frame.reset_index(drop=True)
+    names = [f"{i + 1}. {display_label(str(r['engine_label']))}"
+             for i, r in starts.iterrows()]
+    data["engine start"] = [names[i] for i in data["start"]]
+    y = alt.Y("engine start:N", title=None, sort=names, axis=alt.Axis(labelLimit=320))
+    bars = alt.Chart(data).mark_bar(stroke="white", strokeWidth=0.5).encode(
+        y=y, x=alt.X("sum(seconds):Q", title="seconds from spawn to /health answering"),
+        color=alt.Color("phase:N", sort=list(PHASES), title="phase",
+                        scale=alt.Scale(domain=list(PHASES), range=list(PHASE_COLOURS)),
+                        legend=alt.Legend(orient="bottom", columns=5)),
+        order=alt.Order("order:Q"),
+        tooltip=["engine start", "phase", alt.Tooltip("seconds:Q", format=".1f"),
+                 alt.Tooltip("startup_s:Q", format=".1f", title="start total (s)"),
+                 "compile_cache"])
+    totals = pd.DataFrame({
+        "engine start": names, "startup_s": starts["startup_s"].astype(float),
+        "label": [f"{float(r['startup_s']):.0f} s" + (
+            f" · compile cache {r['compile_cache']}" if isinstance(r.get("compile_cache"), str)
+            else "") for _, r in starts.iterrows()]})
+    text = alt.Chart(totals).mark_text(align="left", dx=4, fontSize=10).encode(
+        y=y, x="startup_s:Q", text="label:N")
+    together = starts.get("engines_started_together")
+    note = ("engines started together: those starts were timed under contention"
+            if together is not None and (pd.to_numeric(together, errors="coerce") > 1).any()
+            else None)
+    return alt.layer(bars, text).properties(
+        width=WIDTH + 120, height=alt.Step(22),
+        title=titled(title, ["phases cut at vLLM's own log lines (± 1 s); hover for seconds",
+                             note or ""]))
+
+
 # --- export -------------------------------------------------------------------------------
 def _vlc():  # imported when exporting: a machine without vl-convert can still draw charts
     import vl_convert

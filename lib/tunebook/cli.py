@@ -214,6 +214,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_engines(args: argparse.Namespace) -> int:
     from tunebook import engine
 
+    if args.phases:
+        from tunebook import start_phases
+        from tunebook.store import Store, find_experiments
+
+        for root in args.phases:
+            for exp in find_experiments(root) or [root]:
+                frame = start_phases.phases_frame(list(Store(exp).records()), exp)
+                print(f"== {exp}: where each engine start's time went (seconds, ± 1)")
+                print(start_phases.table_text(frame))
+        return EXIT_OK
     if args.reap:
         print(f"reaped process groups: {engine.reap_orphans() or 'none'}")
     live = engine.list_engines()
@@ -280,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("engines", help="list engines tunebook left running; --reap kills "
                                         "those whose owner is gone")
     sp.add_argument("--reap", action="store_true")
+    sp.add_argument("--phases", type=Path, nargs="+", metavar="EXPERIMENT_DIR",
+                    help="instead: the start-up phases of every engine start stored under "
+                         "these folders (an experiment, or e.g. outputs/h200)")
     sp.set_defaults(fn=cmd_engines)
     return ap
 

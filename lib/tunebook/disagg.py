@@ -68,6 +68,7 @@ from tunebook.engine import (
     kill_group,
 )
 from tunebook.models import ModelRef, UnsupportedLayoutError, kv_bytes_per_token
+from tunebook.start_phases import StartPhases
 from tunebook.startup import StartupFacts
 
 KEY = "disaggregate"  # the engine_grid key
@@ -303,6 +304,7 @@ class DisaggPair:
         self.proxy: subprocess.Popen | None = None
         self.store: Path | None = None
         self.facts: StartupFacts | None = None
+        self.phases: StartPhases | None = None
         self.startup_s: float | None = None
         self.started_together = 1
         self.process_tree: list[dict[str, Any]] = []
@@ -369,6 +371,7 @@ class DisaggPair:
             raise
         self.startup_s = time.monotonic() - t0
         self.facts = self.decode.facts
+        self.phases = self.decode.phases  # the decode engine's start, like its facts
         self.process_tree = [{**p, "server": role} for role, e in self.roles.items()
                              for p in e.process_tree] + self._proxy_tree()
         if on_phase:

@@ -40,6 +40,7 @@ from tunebook import config
 from tunebook import knobs as knob_table
 from tunebook.hardware import machine
 from tunebook.models import PRESETS, ModelRef, resolve_model, weights_gib_estimate
+from tunebook.start_phases import StartPhases, parse_phases, ready_line, running_phase, spawn_line
 from tunebook.startup import Diagnosis, StartupFacts, diagnose, parse_startup, strip_ansi
 
 HOST = "127.0.0.1"
@@ -47,19 +48,6 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 SERVED_NAME = "tunebook-model"
 
 # Phases of a start, as vLLM logs them, for the progress bar.
-_PHASES = (
-    ("Loading weights", "loading weights"),
-    ("Model loading took", "weights loaded"),
-    ("torch.compile", "compiling"),
-    ("Memory profiling", "profiling memory"),
-    ("KV cache size", "KV cache sized"),
-    ("Capturing CUDA graph", "capturing CUDA graphs"),
-    ("Graph capturing finished", "graphs captured"),
-    ("Starting vLLM API server", "starting API server"),
-    ("Application startup complete", "ready"),
-)
-
-
 def state_dir() -> Path:
     """Where pid files of live engines are kept (one per engine)."""
     d = config.state_dir() / "engines"
@@ -300,6 +288,7 @@ class Engine:
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
         self.facts: StartupFacts | None = None
+        self.phases: StartPhases | None = None  # where the start's time went (start_phases)
         self.startup_s: float | None = None
         # Engines started at the same time on this machine (Sweep's start_together): more
         # than one makes startup_s a time under contention, not this config's own.
@@ -333,8 +322,11 @@ class Engine:
         self.port = free_port()
         env = self.server_env()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
         with open(self.log_path, "ab") as log:
+            # tunebook's clock in the log: the phases of the start are cut from this line
+            log.write(spawn_line().encode())
+            log.flush()
+            t0 = time.monotonic()
             self.proc = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, start_new_session=True, close_fds=True,
@@ -347,7 +339,11 @@ class Engine:
             self.stop()
             raise
         self.startup_s = time.monotonic() - t0
-        self.facts = parse_startup(self.log_text())
+        with open(self.log_path, "ab") as log:
+            log.write(ready_line(self.startup_s).encode())
+        text = self.log_text()
+        self.facts = parse_startup(text)
+        self.phases = parse_phases(text, self.startup_s)
         self.process_tree = self.snapshot_process_tree()
         return self.facts
 
@@ -397,10 +393,7 @@ class Engine:
             if on_phase:
                 text = self.log_text()
                 if len(text) > seen:
-                    for marker, name in _PHASES:
-                        if marker in text[max(0, seen - 200):]:
-                            phase = name
-                    seen = len(text)
+                    phase, seen = running_phase(text), len(text)
                 on_phase(phase, elapsed)
             time.sleep(0.5)
 

@@ -219,6 +219,26 @@ COLUMNS: tuple[Column, ...] = (
     _C("engines_started_together", "Int64",
        "engines started at once with this one (params start_together; each is measured "
        "alone): above 1, startup_s was timed under that contention"),
+    # --- where the start's time went (tunebook.start_phases; ± 1 s, they add up to startup_s)
+    _C("start_api_import_s", "float64", "spawn → the API server's first log line (imports)"),
+    _C("start_engine_core_s", "float64", "→ 'Initializing a V1 LLM engine' (config, engine-core "
+                                         "process spawned, imports again)"),
+    _C("start_worker_init_s", "float64", "→ loading starts (device, distributed init; CPU: "
+                                         "the worker process)"),
+    _C("start_weights_s", "float64", "→ weights loaded"),
+    _C("start_compile_s", "float64", "→ torch.compile done (or loaded from its cache)"),
+    _C("start_profile_kv_s", "float64", "→ profiling run done, KV cache sized"),
+    _C("start_cuda_graphs_s", "float64", "→ CUDA graphs captured (GPU)"),
+    _C("start_warmup_s", "float64", "kernel warm-up (GPU: after capture; CPU: before the KV "
+                                    "cache)"),
+    _C("start_api_ready_s", "float64", "engine core up → /health answers"),
+    _C("compile_cache", "string", "'hit', 'miss' or 'partial': torch.compile's cache this "
+                                  "start; <NA> when nothing was compiled (eager)"),
+    _C("weights_took_s", "float64", "vLLM's own 'Model loading took … s'"),
+    _C("compile_took_s", "float64", "vLLM's own 'torch.compile took … s in total'"),
+    _C("cuda_graphs_took_s", "float64", "vLLM's own 'Graph capturing finished in … secs'"),
+    _C("init_engine_took_s", "float64", "vLLM's own 'init engine (profile, create kv cache, "
+                                        "warmup model) took … s'"),
     # --- the memory budget (Fig 2.4), from vLLM's own line; GPU only unless noted -----------
     _C("total_memory_gib", "float64", "device memory (GPU), or the NUMA node's memory on CPU"),
     _C("memory_utilization_used", "float64", "the gpu_memory_utilization vLLM applied"),

@@ -506,6 +506,7 @@ class Sweep:
               error: str | None = None, error_line: str | None = None,
               error_hint: str | None = None, extra: dict | None = None) -> None:
         facts = engine.facts.as_row() if engine.facts else {}
+        phases = engine.phases.as_row() if getattr(engine, "phases", None) else {}
         row: dict[str, Any] = {
             "schema_version": schema.SCHEMA_VERSION, "run_id": run.run_id,
             "experiment": self.params.experiment, "status": status,
@@ -514,7 +515,8 @@ class Sweep:
             "started_at": started or utc_now(), "finished_at": utc_now(),
             "model": run.engine.model, "load_format": model.load_format,
             **run.point.as_row(), "seed": seed,
-            **(metrics or {}), **(row_extra or {}), **facts, "startup_s": engine.startup_s,
+            **(metrics or {}), **(row_extra or {}), **facts, **phases,
+            "startup_s": engine.startup_s,
             "engines_started_together": engine.started_together,
             "disaggregated": isinstance(engine, disagg.DisaggPair),
             "error": error, "error_line": error_line, "error_hint": error_hint,

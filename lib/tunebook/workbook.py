@@ -81,6 +81,22 @@ class Workbook:
         """Fig 1.1: one row per engine config that started."""
         return startup_facts(self.table())
 
+    def start_phases(self) -> pd.DataFrame:
+        """One row per engine start: where its time went, phase by phase (start_phases)."""
+        from tunebook.start_phases import phases_frame
+
+        root = self.sweep.store.root
+        return phases_frame(list(self.sweep.store.records()), root)
+
+    def show_start_phases(self) -> None:
+        """The start-up chart (stacked phases per engine start), or a line saying why not."""
+        from IPython.display import display
+
+        from tunebook import charts
+
+        c = charts.start_phases(self.start_phases())
+        display(c if c is not None else "no engine start is stored for this experiment")
+
     def failures(self) -> pd.DataFrame:
         """Every run that is not ok, with the line that explains it and what to change."""
         df = self.table()
