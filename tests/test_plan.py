@@ -47,3 +47,21 @@ def test_model_belongs_at_top_level_not_in_engine() -> None:
     with pytest.raises(P.ParamsError, match="engine.model"):
         P.parse({"experiment": "x", "model": "qwen3-tiny", "engine": {"model": "qwen3-8b"},
                  "load": {"users": [1]}})
+
+
+def test_configs_sharing_compiled_artifacts_run_back_to_back() -> None:
+    """gpu_memory_utilization and prefix caching are not in vLLM's compile-cache key, so the
+    configs differing only in them start one after another; the grid's order is kept
+    otherwise, and eager configs (nothing compiled) group together."""
+    from tunebook.plan import compile_key
+
+    grid = [{}, {"max_num_seqs": 16}, {"gpu_memory_utilization": 0.5}, {"enforce_eager": True},
+            {"max_num_seqs": 16, "enable_prefix_caching": False},
+            {"enforce_eager": True, "max_num_seqs": 4}]
+    plan = make_plan(P.load(PARAMS, {"engine_grid": grid}))
+    assert [e.label for e in plan.engines] == [
+        "default", "gpu_memory_utilization=0.5", "max_num_seqs=16",
+        "max_num_seqs=16, enable_prefix_caching=False", "enforce_eager=True",
+        "enforce_eager=True, max_num_seqs=4"]
+    keys = [compile_key(e) for e in plan.engines]
+    assert keys[0] == keys[1] != keys[2] == keys[3] != keys[4] == keys[5] == "eager"

@@ -34,6 +34,9 @@ class Knob:
     flag: bool = True  # False: not a vLLM flag (an engine_grid entry's `model`)
     panel: PanelWidget | None = None  # the tuning panel's widget; None: not on the panel
     panel_choices: tuple[Any, ...] = ()  # what a "choice" widget offers (values params accepts)
+    # False: vLLM leaves it out of its compile-cache key (VllmConfig.compute_hash ignores it),
+    # so configs differing only in such knobs share torch.compile's artifacts
+    compiled: bool = True
 
     @property
     def cli(self) -> str:
@@ -83,21 +86,21 @@ _TABLE: tuple[Knob, ...] = (
     Knob("max_num_batched_tokens", example=2048, panel="int", **_POS_INT),
     Knob("max_model_len", example=1024, panel="int", **_POS_INT),
     Knob("gpu_memory_utilization", (int, float), "a fraction in (0, 1], e.g. 0.9 for 90%", 0.9,
-         check=lambda v: 0 < v <= 1, panel="float"),
-    Knob("kv_cache_memory_bytes", example=2**30, **_POS_INT),
+         check=lambda v: 0 < v <= 1, panel="float", compiled=False),
+    Knob("kv_cache_memory_bytes", example=2**30, **_POS_INT, compiled=False),
     Knob("block_size", example=16, **_POS_INT),
     Knob("tensor_parallel_size", example=1, **_POS_INT),
     Knob("pipeline_parallel_size", example=1, **_POS_INT),
-    Knob("seed", int, "a non-negative integer", 0, check=lambda v: v >= 0),
+    Knob("seed", int, "a non-negative integer", 0, check=lambda v: v >= 0, compiled=False),
     Knob("dtype", str, _one_of(DTYPES), "auto", choices=DTYPES),
     Knob("kv_cache_dtype", str, _one_of(KV_CACHE_DTYPES), "auto", choices=KV_CACHE_DTYPES,
          panel="choice", panel_choices=("auto", "fp8")),
     Knob("quantization", str, _one_of(QUANTIZATIONS), "fp8", choices=QUANTIZATIONS,
          panel="choice", panel_choices=("fp8",)),
     Knob("enforce_eager", example=True, **_PANEL_BOOL),
-    Knob("enable_prefix_caching", example=False, **_PANEL_BOOL),
+    Knob("enable_prefix_caching", example=False, **_PANEL_BOOL, compiled=False),
     Knob("enable_chunked_prefill", example=True, types=bool, allowed="true or false"),
-    Knob("async_scheduling", example=True, types=bool, allowed="true or false"),
+    Knob("async_scheduling", example=True, types=bool, allowed="true or false", compiled=False),
     # Checked further by params (method, num_speculative_tokens, draft model); the panel
     # builds it from its own two widgets (method, tokens).
     Knob("speculative_config", dict, "a mapping", {"method": "ngram", "num_speculative_tokens": 3,
@@ -107,12 +110,14 @@ _TABLE: tuple[Knob, ...] = (
          check=lambda v: bool(re.fullmatch(r"[A-Z0-9_]+", v))),
     # vLLM's own per-step log line ("Iteration(N): … context tokens, … generation tokens"):
     # Fig 8.2 reads it from the engine log.
-    Knob("enable_logging_iteration_details", example=True, types=bool, allowed="true or false"),
+    Knob("enable_logging_iteration_details", example=True, types=bool,
+         allowed="true or false", compiled=False),
     # A Scheduler subclass by qualified name; tunebook.vllm_hooks.BlockTableScheduler records
     # each request's block table for Fig 8.3 (the engine core process must import it).
     Knob("scheduler_cls", str, "a qualified class name, e.g. "
          "tunebook.vllm_hooks.BlockTableScheduler", "tunebook.vllm_hooks.BlockTableScheduler",
-         check=lambda v: bool(re.fullmatch(r"[A-Za-z_][\w.]*\.[A-Za-z_]\w*", v))),
+         check=lambda v: bool(re.fullmatch(r"[A-Za-z_][\w.]*\.[A-Za-z_]\w*", v)),
+         compiled=False),
     # A KV connector (Fig 6.2: prefill and decode engines): vLLM's KVTransferConfig as a mapping.
     Knob("kv_transfer_config", dict, "a mapping (vLLM's KVTransferConfig)",
          {"kv_connector": "ExampleConnector", "kv_role": "kv_both",

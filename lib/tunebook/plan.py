@@ -169,6 +169,27 @@ def _label(override: dict[str, Any]) -> str:
                      for k, v in override.items())
 
 
+def compile_key(cfg: EngineConfig) -> str:
+    """What torch.compile's cache is keyed on, as far as the config shows it: the model, the
+    environment and every knob vLLM hashes (knobs.Knob.compiled). Eager configs compile
+    nothing. Configs with the same key share compiled artifacts."""
+    if cfg.knobs.get("enforce_eager") or disagg.is_pair(cfg.knobs):
+        return "eager" if cfg.knobs.get("enforce_eager") else "pair:" + cfg.id
+    kept = {k: v for k, v in cfg.knobs.items()
+            if v is not None and (k not in knobs.KNOBS or knobs.KNOBS[k].compiled)}
+    return _digest({"model": cfg.model, "env": cfg.env, "knobs": kept})
+
+
+def by_compile_key(configs: Iterable[EngineConfig]) -> list[EngineConfig]:
+    """Configs that share compiled artifacts back to back, groups in order of first
+    appearance: each group compiles once and its other starts load from the cache, while
+    the files it reads are still in the page cache."""
+    groups: dict[str, list[EngineConfig]] = {}
+    for c in configs:
+        groups.setdefault(compile_key(c), []).append(c)
+    return [c for g in groups.values() for c in g]
+
+
 def make_plan(p: SweepParams) -> Plan:
     """Engine configs × load points × repeats, part by part (``SweepParams.all_parts``). An
     engine config shared by several parts is planned once, so it starts once; a run planned
@@ -200,4 +221,4 @@ def make_plan(p: SweepParams) -> Plan:
                 for rep in range(p.repeats):
                     run = PlannedRun(e, pt, rep, part=part.name)
                     runs.setdefault(run.run_id, run)
-    return Plan(p.experiment, list(engines.values()), list(runs.values()))
+    return Plan(p.experiment, by_compile_key(engines.values()), list(runs.values()))
