@@ -3,6 +3,8 @@
 # (see ../shared/device/README.md).
 #   Usage: bash scripts/h200_run.sh 'STEP' ['STEP' ...]
 #   STEP:  [SECONDS:|@SECONDS:]run|sweep PARAMS [tunebook args...]
+#          [SECONDS:|@SECONDS:]bench SCRIPT [args...]   (benchmarks/SCRIPT, results in
+#          outputs/h200/<script name with - for _>, e.g. start-phases)
 #          e.g. '300:sweep params/ch02-h200.yaml' (at most 300 s), '@560:sweep …' (until 560 s
 #          after this script started: keeps a call inside the device's 10-minute limit)
 # A step with a limit gets SIGTERM when it is reached: tunebook marks the run in flight
@@ -46,6 +48,17 @@ for step in "$@"; do
     (( limit > 30 )) || { echo "== skipped (no time left): $step"; continue; }
   fi
   read -r -a argv <<<"$step"
+  if [[ "${argv[0]}" == bench ]]; then
+    exp=$(basename "${argv[1]}" .py); exp=${exp//_/-}
+    touched+=("./$exp")
+    echo "== bench: ${argv[*]:1} (${limit:+limit ${limit}s})"
+    cmd=(python3 "benchmarks/${argv[1]}" "${argv[@]:2}" --out "$dest/$exp")
+    if [[ -n "$limit" ]]; then timeout -s TERM -k 30 "$limit" "${cmd[@]}"; r=$?
+    else "${cmd[@]}"; r=$?; fi
+    echo "== bench exit code: $r"
+    [[ $r -gt $rc ]] && rc=$r
+    continue
+  fi
   exp=$(python3 -c "import sys,yaml; print(yaml.safe_load(open(sys.argv[1]))['experiment'])" \
         "${argv[1]}")
   touched+=("./$exp")
