@@ -215,3 +215,23 @@ def test_probe_without_prompt_details_says_which_flag(stub: tuple[Stub, int]) ->
     state.completions = [_completion(80, None), _completion(80, None)]
     with pytest.raises(probe.ProbeError, match="--enable-prompt-tokens-details"):
         probe.run(_engine(port), _point(16), seed=3, timeout_s=10)
+
+
+def test_api_key_is_kept_per_user_and_private(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """One key per user, mode 0600: vLLM 0.26 hashes VLLM_API_KEY into torch.compile's cache
+    key, so a key per engine would make every start compile from scratch."""
+    from tunebook import config
+    from tunebook.engine import api_key
+
+    monkeypatch.setenv(config.STATE_DIR_ENV, str(tmp_path))
+    key = api_key()
+    path = tmp_path / "api_key"
+    assert len(key) >= 32 and path.read_text() == key
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert api_key() == key
+    model = resolve_model("qwen3-tiny")
+    assert Engine(model).api_key == Engine(model).api_key == key
+    path.chmod(0o644)  # readable by others: not trusted, a new private one replaces it
+    fresh = api_key()
+    assert fresh != key and path.stat().st_mode & 0o777 == 0o600

