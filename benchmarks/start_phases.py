@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO / "lib"))
 from tunebook import hardware  # noqa: E402
 from tunebook.engine import Engine  # noqa: E402
 from tunebook.models import resolve_model  # noqa: E402
-from tunebook.start_phases import PHASES  # noqa: E402
+from tunebook.start_phases import PHASES, parse_phases  # noqa: E402
 from tunebook.store import stamp, write_new  # noqa: E402
 
 PROBE_DIR = REPO / "benchmarks" / "startup_probe"
@@ -124,7 +124,13 @@ def import_times(out: Path, runs: int = 2) -> dict[str, Any]:
 
 def report(out: Path) -> str:
     """The cold-vs-warm table from every stored start under `out`."""
-    starts = [json.loads(p.read_text()) for p in sorted((out / "starts").glob("*.json"))]
+    starts = []
+    for p in sorted((out / "starts").glob("*.json")):  # in time order
+        s = json.loads(p.read_text())
+        log = out / s["log"]
+        if log.exists() and s.get("startup_s"):  # phases as this code reads the log
+            s.update(parse_phases(log.read_text(errors="replace"), s["startup_s"]).as_row())
+        starts.append(s)
     extra = [json.loads(p.read_text()) for p in sorted((out / "imports").glob("*.json"))]
     lines = ["# Engine starts, cold vs warm, phase by phase", "",
              "Phases cut at vLLM's own log lines (tunebook.start_phases; ± 1 s each, summing "
@@ -141,8 +147,8 @@ def report(out: Path) -> str:
         if s.get("error"):
             lines.append(f"| {s['label']} | {s['kind']} | failed: {s['error']} |")
             continue
-        if s["kind"] == "cold":
-            cold.setdefault(s["label"], s["startup_s"])
+        if s["kind"] == "cold":  # a warm start compares with the cold start before it
+            cold[s["label"]] = s["startup_s"]
         ratio = (f"{s['startup_s'] / cold[s['label']]:.2f}×"
                  if s["kind"] != "cold" and s["label"] in cold else "")
         cells = [f"{v:.1f}" if (v := s.get(f"start_{p}_s")) is not None else "—" for p in PHASES]

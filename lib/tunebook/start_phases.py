@@ -80,9 +80,9 @@ _TOOK = {
 }
 _CACHE_HIT = re.compile(r"Directly load AOT compilation|Directly load the compiled graph|"
                         r"loaded AOT compiled function")
+# (not "Dynamo bytecode transform time": vLLM 0.26 prints it when it loads from the cache too)
 _CACHE_MISS = re.compile(r"Compiling a graph for compile range|saved AOT compiled function|"
-                         r"Compiling model again due to a load failure|"
-                         r"Dynamo bytecode transform time")
+                         r"Compiling model again due to a load failure")
 _DATE_FMT = "%m-%d %H:%M:%S"
 
 
