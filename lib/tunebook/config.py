@@ -7,6 +7,8 @@ breaks once the package is installed without ``-e``: site-packages has no notebo
                         checkout this package sits in, else the current directory
     TUNEBOOK_OUTPUTS    where experiments land; default <home>/outputs
     TUNEBOOK_CACHE      built offline model folders; default <home>/.cache/models
+                        (vLLM's compile caches too: tunebook.compile_cache)
+    TUNEBOOK_COMPILE_CACHE  0: engines keep vLLM's own compile-cache defaults
     TUNEBOOK_SMOLLM2_GGUF  a local SmolLM2-135M-Instruct.Q4_1.gguf (the smollm2-135m
                         presets' weights) for machines without a package index
     TUNEBOOK_STATE_DIR  pid files of running engines and the machine lock;

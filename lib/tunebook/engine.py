@@ -37,7 +37,7 @@ from typing import Any
 
 import psutil
 
-from tunebook import config
+from tunebook import compile_cache, config
 from tunebook import knobs as knob_table
 from tunebook.hardware import machine
 from tunebook.models import PRESETS, ModelRef, resolve_model, weights_gib_estimate
@@ -380,7 +380,8 @@ class Engine:
     def server_env(self) -> dict[str, str]:
         """The server's environment: ours, the config's VLLM_* variables, then tunebook's own
         (the API key, no usage stats, no colour; dev mode only when the options ask)."""
-        env = {**os.environ, **self.env, "VLLM_API_KEY": self.api_key,
+        # the compile cache first: the shell and the config may point it elsewhere
+        env = {**compile_cache.server_env(), **os.environ, **self.env, "VLLM_API_KEY": self.api_key,
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
                # Jupyter kernels force colour; a log full of escape codes is hard to read.
                "VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1"}

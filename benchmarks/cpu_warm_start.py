@@ -1,0 +1,117 @@
+"""Cold vs warm start of one vLLM engine: is the second start of a config faster?
+
+Starts the embedded qwen3-tiny (max_model_len 1024, 1 GiB KV cache: the suite's shared engine)
+twice: cold (tunebook's compile cache for this vLLM cleared first) and warm (the same config
+again). Prints spawn → /health seconds of each, the ratio warm/cold, and the compile and
+warm-up seconds read from each engine's log. Hold the engine lock around it:
+
+    flock /work/notes/engine.lock .venv/bin/python benchmarks/cpu_warm_start.py \
+        [--env NAME=VALUE ...] [--no-cache]
+
+`--env` adds server variables (to try a lever); `--no-cache` measures vLLM's defaults
+(TUNEBOOK_COMPILE_CACHE=0, a fresh VLLM_CACHE_ROOT so the cold start is cold). One run each:
+the machine is noisy; the ratio is what to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+from tunebook import compile_cache
+from tunebook.engine import SERVED_NAME, Engine
+from tunebook.models import resolve_model
+
+KNOBS = {"max_model_len": 1024}
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+_STAMP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d)")
+# (name, first marker, last marker): log lines whose timestamps bound a phase (1 s resolution)
+_SPANS = (
+    ("compile_s", "Warming up model for the compilation", "Initial profiling/warmup run"),
+    ("warmup_s", "Warming up model for the compilation", "Warming up done."),
+)
+_MARKS = ("Directly load AOT compilation", "Compiling model again due to a load failure",
+          "torch.compile took", "torch.compile and initial profiling/warmup run")
+
+
+def _stamp(line: str) -> datetime | None:
+    m = _STAMP.search(line)
+    return datetime.strptime(m.group(1), "%m-%d %H:%M:%S") if m else None
+
+
+def log_facts(text: str) -> dict[str, object]:
+    """Phase seconds from the engine log, and which compile path the start took."""
+    lines = text.splitlines()
+    out: dict[str, object] = {}
+    for name, first, last in _SPANS:
+        a = next((_stamp(x) for x in lines if first in x), None)
+        b = next((_stamp(x) for x in lines if last in x), None)
+        out[name] = (b - a).total_seconds() if a and b else None
+    out["compile_log"] = [re.sub(r"^.*\] ", "", x)[:110] for x in lines
+                          if any(m in x for m in _MARKS)]
+    return out
+
+
+def decode_tok_s(engine: Engine, requests: int = 4, tokens: int = 64) -> float:
+    """Output tokens/s of a few sequential completions: a lever must not change serving
+    speed (a coarse check, not a benchmark; the first request is a warm-up)."""
+    body = {"model": SERVED_NAME, "prompt": "hello " * 32, "max_tokens": tokens,
+            "ignore_eos": True, "temperature": 0.0}
+    engine.request("POST", "/v1/completions", body, timeout_s=120)
+    t0 = time.monotonic()
+    for _ in range(requests):
+        status, _ = engine.request("POST", "/v1/completions", body, timeout_s=120)
+        if status != 200:
+            raise RuntimeError(f"completion failed: HTTP {status}")
+    return requests * tokens / (time.monotonic() - t0)
+
+
+def start_once(label: str, env: dict[str, str], logs: Path) -> dict[str, object]:
+    engine = Engine(resolve_model("qwen3-tiny"), KNOBS, env, logs / f"{label}.log",
+                    startup_timeout_s=600)
+    with engine:
+        facts = {"start": label, "startup_s": round(engine.startup_s or 0.0, 1),
+                 "decode_tok_s": round(decode_tok_s(engine), 1)}
+    facts.update(log_facts(engine.log_text()))
+    return facts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--no-cache", action="store_true", help="vLLM's defaults (opt out)")
+    ap.add_argument("--logs", type=Path, help="keep the engine logs here")
+    args = ap.parse_args()
+    env = dict(ENV, **dict(kv.split("=", 1) for kv in args.env))
+    tmp = Path(tempfile.mkdtemp(prefix="warm-start-"))
+    if args.no_cache:
+        os.environ[compile_cache.OPT_OUT_ENV] = "0"
+        env.setdefault("VLLM_CACHE_ROOT", str(tmp / "vllm-cache"))
+        print(f"cache: vLLM defaults, VLLM_CACHE_ROOT={env['VLLM_CACHE_ROOT']}")
+    else:
+        print(f"cache: cleared {compile_cache.clear()}; server env "
+              f"{compile_cache.server_env()}")
+    logs = args.logs or tmp
+    logs.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = [start_once("cold", env, logs), start_once("warm", env, logs)]
+    finally:
+        if args.logs is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif args.no_cache:
+            shutil.rmtree(tmp / "vllm-cache", ignore_errors=True)
+    for r in rows:
+        print(r)
+    cold, warm = rows[0]["startup_s"], rows[1]["startup_s"]
+    print(f"cold {cold:.1f} s, warm {warm:.1f} s, warm/cold {warm / cold:.2f}")
+
+
+if __name__ == "__main__":
+    main()
