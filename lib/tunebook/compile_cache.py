@@ -125,6 +125,11 @@ def server_env(vllm: str | None = None, torch: str | None = None,
            # set from the start (vLLM sets it only on its AOT path, after torch has already
            # resolved its /tmp default); Triton's kernel cache goes under it too
            "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor")}
+    if device == "cuda":
+        # vLLM's own @triton.jit kernels (the V2 model runner's warm-up step JIT-compiles
+        # them: 15-20 s of a cold H200 start, 0.2-0.4 s warm) cache in TRITON_CACHE_DIR, not
+        # under Inductor's folder; its default ~/.triton is shared by every Triton on the box
+        env["TRITON_CACHE_DIR"] = str(d / "triton")
     if (dist, version) in AOT_LOAD_BROKEN:
         # torch.compile's path instead: its Inductor caches (FX graph, AOTAutograd, built
         # kernels) do hit on the next start; a failed AOT load recompiles every time
