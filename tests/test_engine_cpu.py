@@ -87,12 +87,12 @@ def test_start_phases_in_every_row(quickstart: Path) -> None:
     df = pd.read_parquet(quickstart / "results.parquet")
     for _, r in df.iterrows():
         phases = {p: r[f"start_{p}_s"] for p in PHASES}
-        for p in ("api_import", "engine_core", "worker_init", "compile", "warmup", "api_ready"):
-            assert phases[p] is not None and phases[p] >= 0, p
+        for p in ("api_import", "engine_core", "worker_init", "compile", "api_ready"):
+            assert pd.notna(phases[p]) and phases[p] >= 0, p
+        assert phases["api_import"] > 0 and phases["compile"] > 0
         assert pd.isna(phases["cuda_graphs"])  # no CUDA graphs on CPU
         assert sum(v for v in phases.values() if pd.notna(v)) == pytest.approx(
             r["startup_s"], abs=0.01)
-        assert r["compile_cache"] in ("hit", "miss", "partial")
 
 
 def test_engine_stopped_and_recorded(quickstart: Path) -> None:

