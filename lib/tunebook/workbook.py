@@ -89,13 +89,23 @@ class Workbook:
         return phases_frame(list(self.sweep.store.records()), root)
 
     def show_start_phases(self) -> None:
-        """The start-up chart (stacked phases per engine start), or a line saying why not."""
-        from IPython.display import display
+        """The start-up chart (stacked phases per engine start) and its table (seconds), or a
+        line saying why not."""
+        from IPython.display import Markdown, display
 
         from tunebook import charts
+        from tunebook.start_phases import PHASES
 
-        c = charts.start_phases(self.start_phases())
-        display(c if c is not None else "no engine start is stored for this experiment")
+        frame = self.start_phases()
+        c = charts.start_phases(frame)
+        if c is None:
+            display(Markdown("No engine start is stored for this experiment."))
+            return
+        display(c)
+        cols = ["engine_label", *[f"start_{p}_s" for p in PHASES if f"start_{p}_s" in frame
+                                  and frame[f"start_{p}_s"].notna().any()],
+                "startup_s", "compile_cache"]
+        display(frame[cols].rename(columns=lambda c: c.removeprefix("start_")).round(1))
 
     def failures(self) -> pd.DataFrame:
         """Every run that is not ok, with the line that explains it and what to change."""
