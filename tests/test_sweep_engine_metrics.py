@@ -14,6 +14,7 @@ from tunebook import params as P
 from tunebook import schema
 from tunebook import sweep as S
 from tunebook.engine import ResetResult, ServerOptions
+from tunebook.load import ClientCache
 from tunebook.models import resolve_model
 from tunebook.store import Store
 
@@ -118,7 +119,10 @@ def test_bench_point_without_reset(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     sent: list[list[str]] = []
 
     def fake_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
-                   timeout_s: float | None = None) -> tuple[dict, str]:
+                   timeout_s: float | None = None, cache: Any = None,
+                   timings: dict | None = None) -> tuple[dict, str]:
+        assert isinstance(cache, ClientCache) and timings is not None
+        timings.update({"client_s": 2.0, "client_tokenizer_s": 0.25})
         sent.append(argv)
         eng.loaded = True
         return {"completed": 4, "failed": 0, "duration": 1.5, "output_throughput": 10.0,
@@ -132,3 +136,7 @@ def test_bench_point_without_reset(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert sent[0][sent[0].index("--seed") + 1] == "11"
     assert row["prefix_cache_hit_tokens"] == 416 and row["output_tok_s"] == 10.0
     assert record["requests"]["ttfts"] == [0.1] * 4 and record["engine_metrics"]["after"]
+    # the run's steps in its JSON and the sweep's sums
+    assert record["timings"]["client_s"] == 2.0 and record["timings"]["metrics_scrapes_s"] >= 0
+    assert sw.steps.seconds["client (vLLM's, whole call)"] == 2.0
+    assert sw.steps.calls["metrics scrapes"] == 2 and sw.steps.calls["save run"] == 1

@@ -223,7 +223,7 @@ def kill_group(pgid: int, grace_s: float = 20.0) -> None:
         return
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and _group_members(pgid):
-        time.sleep(0.2)
+        time.sleep(0.05)  # vLLM exits within a second of TERM: a sweep waits for each stop
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:

@@ -9,17 +9,24 @@ The warm-ups (`num_warmups`) send the first measured prompt (vLLM's choice), so 
 itself cached even right after a prefix-cache reset: a figure that needs every measured request
 cache-cold sets num_warmups: 0. vLLM's optional "initial test run" request (the same prompt) stays
 off, as vLLM's default is (`--ready-check-timeout-sec 0`, pinned): tunebook waited for /health.
+
+vLLM's client loads its tokenizer again for every run (0.6-1 s on the 2-core CPU box, more than a
+short run's benchmark: docs/overhead.md). A sweep passes a `ClientCache`, so each tokenizer loads
+once per sweep; the dataset is still sampled by every run, from that run's seed, by vLLM.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import os
 import random
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tunebook import prompts
@@ -155,18 +162,108 @@ class LoadError(RuntimeError):
     pass
 
 
+def prefetch_client() -> threading.Thread | None:
+    """Import vLLM's benchmark client (`vllm.benchmarks.serve`: torch, transformers; ~5 s on
+    the 2-core CPU box) on a background thread at the lowest CPU priority, so the first run
+    finds it imported instead of waiting for it. Meant to run while an engine starts: at nice
+    19 the thread only gets the CPU the engine leaves idle, and the start-up keeps its own
+    pace (docs/overhead.md compares the start phases with and without it). None when it is
+    imported already; an import error is left for run_bench to raise where it is reported."""
+    import sys
+
+    if "vllm.benchmarks.serve" in sys.modules:
+        return None
+
+    def work() -> None:
+        with contextlib.suppress(OSError, AttributeError):  # Linux: the nice value is per thread
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        with contextlib.suppress(Exception):
+            import vllm.benchmarks.serve  # noqa: F401
+
+    t = threading.Thread(target=work, name="tunebook-import-vllm-client", daemon=True)
+    t.start()
+    return t
+
+
+class ClientCache:
+    """What vLLM's client would build again in every run of a sweep: its tokenizer, loaded once
+    per set of `get_tokenizer` arguments (the tokenizer folder, mode, trust_remote_code), so
+    each run gets the tokenizer its own call would have loaded. Dataset samples are not kept:
+    each run samples its own, from its own seed (point_seed), in 20-120 ms."""
+
+    def __init__(self) -> None:
+        self._tokenizers: dict[Hashable, Any] = {}
+        self.loads = 0  # tokenizers loaded (the rest were reused)
+
+    def tokenizer(self, load: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        key = (args, tuple(sorted(kwargs.items())))
+        try:
+            hash(key)
+        except TypeError:  # arguments it cannot be keyed on: load it, as vLLM would
+            return load(*args, **kwargs)
+        if key not in self._tokenizers:
+            self._tokenizers[key] = load(*args, **kwargs)
+            self.loads += 1
+        return self._tokenizers[key]
+
+
+@dataclass
+class _ClientRun:
+    """What the hooks of one run_bench call see (on its worker thread only)."""
+    cache: ClientCache | None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+_CURRENT = threading.local()  # .run: the _ClientRun of the run_bench worker thread
+# vLLM client functions run_bench times, as timings keys (get_tokenizer also goes through the
+# ClientCache). Looked up in vllm.benchmarks.serve's namespace at each call, so wrapping the
+# name there reaches them; outside a run_bench worker thread the wrapper is vLLM's function.
+_HOOKED = {"get_tokenizer": "client_tokenizer_s", "get_samples": "client_samples_s"}
+
+
+def _hook(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        run: _ClientRun | None = getattr(_CURRENT, "run", None)
+        if run is None:
+            return f(*args, **kwargs)
+        t0 = time.monotonic()
+        try:
+            if name == "get_tokenizer" and run.cache is not None:
+                return run.cache.tokenizer(f, *args, **kwargs)
+            return f(*args, **kwargs)
+        finally:
+            key = _HOOKED[name]
+            run.timings[key] = run.timings.get(key, 0.0) + time.monotonic() - t0
+
+    wrapper._tunebook_hook = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _install_hooks(vbs: Any) -> None:
+    for name in _HOOKED:
+        f = getattr(vbs, name, None)
+        if f is not None and not getattr(f, "_tunebook_hook", False):
+            setattr(vbs, name, _hook(name, f))
+
+
 def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
-              timeout_s: float | None = None) -> tuple[dict[str, Any], str]:
+              timeout_s: float | None = None, cache: ClientCache | None = None,
+              timings: dict[str, float] | None = None) -> tuple[dict[str, Any], str]:
     """Run vLLM's client in this process; return its result dict and what it printed.
 
     It runs on a worker thread with its own event loop: `vllm bench serve` calls asyncio.run,
-    which fails inside a Jupyter kernel (a loop is already running there).
+    which fails inside a Jupyter kernel (a loop is already running there). With a `cache` the
+    tokenizer is reused across calls; `timings` gets the seconds of the client's steps (its
+    import, tokenizer, dataset sampling, and the whole call: `client_s`).
     """
     import argparse
-    import threading
 
-    from vllm.benchmarks import serve as vbs
+    t0 = time.monotonic()
+    from vllm.benchmarks import serve as vbs  # ~5 s the first time in a process (torch)
 
+    t_import = time.monotonic() - t0
+    _install_hooks(vbs)
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:  # older layouts
@@ -176,18 +273,27 @@ def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
     args = parser.parse_args(argv)
     out = io.StringIO()
     box: dict[str, Any] = {}
+    run = _ClientRun(cache)
 
     def work() -> None:
+        _CURRENT.run = run
         try:
             box["result"] = vbs.main(args)
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
             box["error"] = e
+        finally:
+            _CURRENT.run = None
 
     redirect = contextlib.redirect_stdout(out) if quiet else contextlib.nullcontext()
-    with _api_key(api_key), redirect:
-        t = threading.Thread(target=work, name="vllm-bench", daemon=True)
-        t.start()
-        t.join(timeout_s)  # Ctrl-C lands here, in the caller's thread
+    try:
+        with _api_key(api_key), redirect:
+            t = threading.Thread(target=work, name="vllm-bench", daemon=True)
+            t.start()
+            t.join(timeout_s)  # Ctrl-C lands here, in the caller's thread
+    finally:
+        if timings is not None:
+            timings.update({"client_s": time.monotonic() - t0, "client_import_s": t_import,
+                            **run.timings})
     text = out.getvalue().replace(api_key, "***") if api_key else out.getvalue()
     if t.is_alive():
         raise LoadError(f"the benchmark did not finish within {timeout_s:.0f} s")

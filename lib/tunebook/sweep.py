@@ -12,6 +12,10 @@ Each load point: the prefix cache is reset first when the point asks (load.reset
 a reset that fails makes the run `failed`, it is never skipped silently), the engine's /metrics
 is read before and after and sampled while it runs (tunebook.metrics), then vLLM's benchmark
 client (or Fig 3.3's probe, tunebook.probe) sends the requests.
+
+Where tunebook's own time goes (benchmarks/sweep_overhead.py, docs/overhead.md): every sweep
+sums the wall seconds of its steps in `SweepResult.steps`, and each run's JSON keeps its own
+under `timings` (vLLM's client: its import, tokenizer, dataset sampling, and the whole call).
 """
 
 from __future__ import annotations
@@ -43,9 +47,11 @@ from tunebook.engine import (
 from tunebook.load import (
     BLOCK_REUSE,
     PROMPT_DATASETS,
+    ClientCache,
     bench_argv,
     metrics_row,
     point_seed,
+    prefetch_client,
     request_arrays,
     run_bench,
 )
@@ -63,6 +69,27 @@ class SweepLockedError(RuntimeError):
     pass
 
 
+class StepTimes:
+    """Wall seconds a sweep spent in each of its steps, and how often each ran: what the
+    overhead benchmark breaks down (engine starts included, as tunebook's clock sees them)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def add(self, step: str, seconds: float, calls: int = 1) -> None:
+        self.seconds[step] = self.seconds.get(step, 0.0) + seconds
+        self.calls[step] = self.calls.get(step, 0) + calls
+
+    @contextlib.contextmanager
+    def time(self, step: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.add(step, time.monotonic() - t0)
+
+
 @dataclass
 class SweepResult:
     store: Store
@@ -71,6 +98,7 @@ class SweepResult:
     failed: int = 0
     skipped: int = 0
     rows: list[dict[str, Any]] = field(default_factory=list)
+    steps: StepTimes = field(default_factory=StepTimes)
 
     @property
     def exit_code(self) -> int:
@@ -223,6 +251,8 @@ class Sweep:
         self.on_finish = on_finish
         self.retry_failed = retry_failed
         self.keeper = keeper
+        self.steps = StepTimes()
+        self.client = ClientCache()  # one tokenizer load per sweep, not one per run
         # How long to wait for another sweep holding the machine (`--wait` sets the env var,
         # which also reaches the papermill kernel).
         self.wait_s = wait_s if wait_s is not None else config.wait_s()
@@ -251,15 +281,17 @@ class Sweep:
     # -- running ----------------------------------------------------------------------------
     def run(self) -> SweepResult:
         # every model of the grid, draft models included, resolves before any engine starts
-        models = {e.model: resolve_model(e.model) for e in self.plan.engines}
-        for e in self.plan.engines:
-            resolve_draft(e.knobs)
+        with self.steps.time("resolve models"):
+            models = {e.model: resolve_model(e.model) for e in self.plan.engines}
+            for e in self.plan.engines:
+                resolve_draft(e.knobs)
         self.store.check_writable()
         machine = contextlib.nullcontext() if self.keeper else machine_lock(self.wait_s)
         with experiment_lock(self.store.root), machine, sigterm_as_exception():
             if self.keeper:
                 self.keeper.hold_machine(self.wait_s)
-            self._record_inputs()
+            with self.steps.time("record inputs"):
+                self._record_inputs()
             try:
                 return self._run(models)
             finally:
@@ -278,7 +310,8 @@ class Sweep:
                        json.dumps(self.plan.to_dict(), indent=1, default=str).encode())
 
     def _run(self, models: dict[str, ModelRef]) -> SweepResult:
-        resume = self.resume()
+        with self.steps.time("resume (read stored runs)"):
+            resume = self.resume()
         todo = [r for r in self.plan.runs if r.run_id not in resume.done]
         rerun = [r for r in todo if r.run_id in resume.rerun]
         if rerun:  # said, not silent: these have ok results, from another vLLM
@@ -286,11 +319,14 @@ class Sweep:
             print(f"{self.params.experiment}: {len(rerun)} run(s) done with vLLM "
                   f"{', '.join(old)} run again under the installed vLLM {resume.installed}",
                   file=sys.stderr)
-        result = SweepResult(self.store, self.plan, skipped=len(self.plan.runs) - len(todo))
+        result = SweepResult(self.store, self.plan, skipped=len(self.plan.runs) - len(todo),
+                             steps=self.steps)
         bar = _progress(len(todo), f"{self.params.experiment}", self.progress)
         work = [(cfg, [r for r in todo if r.engine.id == cfg.id]) for cfg in self.plan.engines]
         work = [(cfg, runs) for cfg, runs in work if runs]
         together = 1 if self.keeper else self.params.start_together
+        if any(r.point.dataset != BLOCK_REUSE for r in todo):
+            prefetch_client()  # imported while the first engine starts, at nice 19
         try:
             for batch in batches(work, together):
                 if len(batch) == 1:
@@ -300,7 +336,8 @@ class Sweep:
                     self._run_batch(batch, models, result, bar)
         finally:
             bar.close()
-            self.store.rebuild_table()
+            with self.steps.time("rebuild table"):
+                self.store.rebuild_table()
         return result
 
     def _engine(self, cfg: EngineConfig, runs: list[PlannedRun], model: ModelRef) -> Engine:
@@ -337,6 +374,7 @@ class Sweep:
         try:
             for t in threads:
                 t.start()
+            started_at = time.monotonic()
             shown = None
             while any(t.is_alive() for t in threads):
                 up = sum(e.alive() and e.facts is not None for e in engines.values())
@@ -346,6 +384,7 @@ class Sweep:
                                         f"ready ({wait_seconds(t0):.0f}s)")
                 for t in threads:  # short joins: Ctrl-C and SIGTERM reach this thread
                     t.join(timeout=0.5)
+            self.steps.add("engine start", time.monotonic() - started_at, len(threads))
             for cfg, runs in batch:
                 engine, error = engines[cfg.id], errors.get(cfg.id)
                 if error is not None and not isinstance(error, EngineStartError):
@@ -353,8 +392,9 @@ class Sweep:
                 self._run_engine(cfg, runs, models[cfg.model], result, bar,
                                  started=engine, start_error=error)
         finally:
-            for engine in engines.values():
-                engine.stop()
+            with self.steps.time("engine stop"):
+                for engine in engines.values():
+                    engine.stop()
             for t in threads:
                 t.join(timeout=30)
 
@@ -377,7 +417,8 @@ class Sweep:
                 if not kept and started is None:
                     if self.keeper:
                         self.keeper.starts += 1
-                    engine.start(on_phase=_phase_reporter(bar, cfg.label))
+                    with self.steps.time("engine start"):
+                        engine.start(on_phase=_phase_reporter(bar, cfg.label))
             except EngineStartError as e:
                 for run in pending:
                     self._save(run, model, engine, result, status=schema.STATUS_ENGINE_FAILED,
@@ -403,7 +444,8 @@ class Sweep:
                 if self.keeper is not None and clean and engine.alive():
                     self.keeper.keep(cfg, engine)
                 else:
-                    engine.stop()
+                    with self.steps.time("engine stop"):
+                        engine.stop()
 
     def _one(self, run: PlannedRun, model: ModelRef, engine: Engine,
              result: SweepResult) -> None:
@@ -412,8 +454,10 @@ class Sweep:
         timeout_s = self.params.run_timeout_for(run.part)
         started = utc_now()
         row_extra: dict[str, Any] = {"prefix_cache_reset": False}
+        timings: dict[str, float] = {}  # this run's steps, kept in its JSON
         if point.reset_prefix_cache:
-            reset = engine.reset_prefix_cache()
+            with self._timed("prefix-cache reset", timings):
+                reset = engine.reset_prefix_cache()
             if not reset.ok:  # measured on a warm cache the point would flatter: not run
                 self._save(run, model, engine, result, status=schema.STATUS_FAILED,
                            started=started, seed=seed, row_extra=row_extra,
@@ -431,19 +475,26 @@ class Sweep:
         except EngineRequestError as e:
             tally = None
             scrape_errors.append(f"disaggregation tally: {e}"[:200])
-        before = self._scrape(engine, scrape_errors)
+        with self._timed("metrics scrapes", timings):
+            before = self._scrape(engine, scrape_errors)
         log_from = engine.log_offsets()
         sampler = engine_metrics.Sampler(engine.metrics_text)
         try:
             with sampler:
                 if point.dataset == BLOCK_REUSE:
-                    found = probe.run(engine, point, seed, timeout_s=timeout_s,
-                                      vocab_size=(model.config or {}).get("vocab_size"))
+                    with self._timed("block-reuse probe", timings):
+                        found = probe.run(engine, point, seed, timeout_s=timeout_s,
+                                          vocab_size=(model.config or {}).get("vocab_size"))
                 else:
                     argv = bench_argv(point, engine.base_url, "tunebook-model",
                                       model.tokenizer, seed)
-                    res, printed = run_bench(argv, api_key=engine.api_key,
-                                             timeout_s=timeout_s)
+                    client: dict[str, float] = {}
+                    try:
+                        res, printed = run_bench(argv, api_key=engine.api_key,
+                                                 timeout_s=timeout_s, cache=self.client,
+                                                 timings=client)
+                    finally:
+                        self._client_steps(client, timings)
         except (KeyboardInterrupt, Terminated) as e:
             self._save(run, model, engine, result, status=schema.STATUS_INTERRUPTED,
                        started=started, seed=seed, row_extra=row_extra,
@@ -456,13 +507,15 @@ class Sweep:
                        row_extra=row_extra, error=f"{type(e).__name__}: {e}{why}"[:500],
                        extra={"engine_log_tail": engine.log_tail()})
             return
-        after = self._scrape(engine, scrape_errors)
+        with self._timed("metrics scrapes", timings):
+            after = self._scrape(engine, scrape_errors)
         row_extra.update(engine_metrics.row(before, after, sampler))
         pair_record = None
         if pair and tally:
             pair_cols, pair_record = pair.end_point(tally)
             row_extra.update(pair_cols)
         extra: dict[str, Any] = {
+            "timings": timings,
             "engine_metrics": engine_metrics.record(before, after, sampler, scrape_errors),
             # byte ranges of the shared engine logs that this load wrote (Figs 8.2, 8.3)
             "log_span": {k: [v, engine.log_offsets().get(k, v)] for k, v in log_from.items()}}
@@ -490,6 +543,29 @@ class Sweep:
             status, error = schema.STATUS_INTERRUPTED, "engine exited during the run"
         self._save(run, model, engine, result, status=status, started=started, seed=seed,
                    metrics=metrics, row_extra=row_extra, error=error, extra=extra)
+
+    @contextlib.contextmanager
+    def _timed(self, step: str, timings: dict[str, float]) -> Iterator[None]:
+        """A step of one run: into the sweep's StepTimes and the run's `timings`."""
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            s = time.monotonic() - t0
+            self.steps.add(step, s)
+            key = step.replace("-", "_").replace(" ", "_") + "_s"
+            timings[key] = timings.get(key, 0.0) + s
+
+    _CLIENT_STEPS = {"client_s": "client (vLLM's, whole call)",
+                     "client_import_s": "client: import vllm.benchmarks.serve",
+                     "client_tokenizer_s": "client: tokenizer",
+                     "client_samples_s": "client: dataset sampling"}
+
+    def _client_steps(self, client: dict[str, float], timings: dict[str, float]) -> None:
+        timings.update(client)
+        for key, step in self._CLIENT_STEPS.items():
+            if key in client:
+                self.steps.add(step, client[key])
 
     @staticmethod
     def _scrape(engine: Engine, errors: list[str]) -> engine_metrics.Snapshot | None:
@@ -535,7 +611,8 @@ class Sweep:
             "params_source": self.params.source,
             **(extra or {}),
         }
-        self.store.save_run(record)
+        with self.steps.time("save run"):
+            self.store.save_run(record)
         result.rows.append(row)
         if status == schema.STATUS_OK:
             result.ok += 1
