@@ -38,8 +38,10 @@ def test_parts_plan_shared_engines_once_and_tag_runs() -> None:
     assert [part.name for part in p.parts] == ["cap", "prefix"]
     assert p.parts[1].load.input_len == 64  # the top-level load is each part's default
     plan = make_plan(p)
-    assert [e.label for e in plan.engines] == ["default", "max_num_seqs=4",
-                                               "enable_prefix_caching=False"]
+    # prefix caching is not in vLLM's compile-cache key: that config starts right after the
+    # default, whose compiled artifacts it loads (plan.by_compile_key)
+    assert [e.label for e in plan.engines] == ["default", "enable_prefix_caching=False",
+                                               "max_num_seqs=4"]
     assert len(plan.runs) == 2 * 4 + 2 * 1
     default = plan.engines[0]
     assert {r.part for r in plan.runs_for(default)} == {"cap", "prefix"}
