@@ -9,7 +9,7 @@ PARAMS ?= params/quickstart.yaml
 MODELS ?= smollm2-135m
 
 .DEFAULT_GOAL := help
-.PHONY: help install models demo test test-fast lint plan bench-overhead clean
+.PHONY: help install models demo test test-fast lint plan bench-overhead bench-starts clean
 
 help: ## list the documented targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -47,6 +47,10 @@ plan: $(STAMP) ## dry run of PARAMS (default params/quickstart.yaml)
 
 bench-overhead: $(STAMP) ## measure sweep overhead vs benchmark time (writes docs/overhead.md)
 	$(BIN)/python benchmarks/sweep_overhead.py
+
+bench-starts: $(STAMP) models ## cold vs warm engine starts, phase by phase, on CPU (adds to outputs/cpu/start-phases; docs/start-phases.md)
+	$(BIN)/python benchmarks/start_phases.py --model qwen3-tiny --env VLLM_CPU_KVCACHE_SPACE=1 \
+	  --recold --probe --import-times --out outputs/cpu/start-phases
 
 clean: ## remove the venv and built model folders (outputs/ is kept)
 	rm -rf $(VENV) .cache
