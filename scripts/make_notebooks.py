@@ -150,7 +150,39 @@ dry_run: bool = False  # with interactive False: start nothing, show the stored 
     return nb
 
 
-BUILDERS = {"00_quickstart": quickstart, "10_tune": tune,
+def slo_notebook() -> nbf.NotebookNode:
+    nb = nbf.v4.new_notebook()
+    nb.cells = [
+        md("""# From an SLO to the best config
+
+Name the bounds a deployment must meet (`slo:`, e.g. p99 TPOT ≤ 30 ms and p99 TTFT ≤ 1 s) and
+the knobs to search (`search:`); tunebook finds the engine config that serves the most while
+meeting them, without running the whole grid:
+
+- **within a config** it bisects the load levels for the highest one that meets the SLO, and stops
+  climbing past saturation;
+- **across configs** Optuna proposes the next config, and a config is cut short as soon as a point
+  that misses the SLO serves no more than the best so far (it cannot win).
+
+Every point is an ordinary stored run: running this again resumes, and reuses every stored point.
+Unattended: `tunebook tune params/slo.yaml` (exit 0: found, 1: no config meets the SLO)."""),
+        parameters("../params/slo.yaml"),
+        code("""from tunebook import charts, slo_search
+
+summary = slo_search.run_or_replot(params_file, overrides, outputs, dry_run=dry_run)"""),
+        md("## Every evaluated point\nThe first SLO metric against the objective; crosses miss "
+           "the SLO, the dashed line is the frontier of the points that meet it, the ring is "
+           "the answer."),
+        code("charts.slo_points(summary) if summary else None"),
+        md("## Each engine config the search tried\nIts score (the objective at its best point "
+           "within the SLO) and how its search ended: the highest level, saturation, or cut "
+           "short because it could not beat the best."),
+        code("slo_search.configs_table(summary)"),
+    ]
+    return nb
+
+
+BUILDERS = {"00_quickstart": quickstart, "10_tune": tune, "20_slo": slo_notebook,
             **{ch.notebook: (lambda ch=ch: chapter(ch)) for ch in figures.CHAPTERS.values()
                if ch.notebook}}
 

@@ -647,6 +647,62 @@ def start_phases(frame: pd.DataFrame, title: str = "Where each engine start's ti
                              note or ""]))
 
 
+# --- the SLO search (tunebook.slo_search) --------------------------------------------------
+def slo_points(summary: Mapping[str, Any]) -> alt.LayerChart | None:
+    """Every point the search evaluated: the first SLO metric (x) against the objective (y),
+    filled where every bound is met; the bound as a dashed rule, the Pareto frontier of the
+    points that meet it as a line, the answer ringed."""
+    bounds = [b.split() for b in summary.get("slo", [])]
+    objective = summary.get("search", {}).get("objective", "output_tok_s")
+    if not bounds:
+        return None
+    metric, _, limit = bounds[0]
+    rows = []
+    for c in summary.get("configs", []):
+        label = display_label(", ".join(f"{k}={v}" for k, v in c["knobs"].items()))
+        for p in c["points"]:
+            if p.get("value") is None or p.get(metric) is None:
+                continue
+            rows.append({"config": label, "users": p["users"], metric: p[metric],
+                         objective: p["value"], "meets the SLO": "yes" if p["meets"] else "no",
+                         "pruned": c["pruned"]})
+    data = pd.DataFrame(rows)
+    if data.empty:
+        return None
+    ok = data[data["meets the SLO"] == "yes"].sort_values(metric)
+    frontier = ok[ok[objective] >= ok[objective].cummax()] if len(ok) else ok
+    x = alt.X(f"{metric}:Q", title=axis_title(metric), scale=alt.Scale(zero=False))
+    y = alt.Y(f"{objective}:Q", title=axis_title(objective))
+    points = alt.Chart(data).mark_point(size=70, filled=True).encode(
+        x=x, y=y, color=alt.Color("config:N", title="engine config",
+                                  legend=alt.Legend(orient="bottom", columns=2, labelLimit=320)),
+        shape=alt.Shape("meets the SLO:N", scale=alt.Scale(domain=["yes", "no"],
+                                                           range=["circle", "cross"])),
+        tooltip=list(data.columns))
+    layers = [points]
+    if len(frontier) > 1:
+        layers.append(alt.Chart(frontier).mark_line(color="#333", strokeDash=[4, 2]).encode(
+            x=x, y=y))
+    layers.append(alt.Chart(pd.DataFrame({metric: [float(limit)]})).mark_rule(
+        color=FAILURE_COLOUR, strokeDash=[6, 3]).encode(x=f"{metric}:Q"))
+    best = summary.get("best")
+    if best:
+        hit = data[(data["users"] == best["users"]) & (data["meets the SLO"] == "yes")
+                   & (data[objective] == best[objective])]
+        layers.append(alt.Chart(hit).mark_point(size=320, color="#111", strokeWidth=2).encode(
+            x=x, y=y))
+    spent = (f"{summary.get('points')} points on {len(summary.get('configs', []))} configs, "
+             f"{summary.get('engine_starts')} engine starts, {summary.get('engine_s', 0):.0f} s;"
+             f" the full grid has {summary.get('grid_points')} points")
+    answer = (f"answer: {best['knobs']} at {best['users']} users" if best
+              else "no config meets the SLO")
+    return alt.layer(*layers).properties(
+        width=WIDTH + 80, height=HEIGHT,
+        title=titled("SLO search: every evaluated point", [
+            " and ".join(summary["slo"]) + f" (red: {metric}'s bound); dashed: the frontier",
+            answer, spent]))
+
+
 # --- export -------------------------------------------------------------------------------
 def _vlc():  # imported when exporting: a machine without vl-convert can still draw charts
     import vl_convert

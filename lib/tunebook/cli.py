@@ -157,6 +157,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """The SLO search: exit 0 a config meets the SLO, 1 none does, 2 bad params."""
+    from tunebook import slo_search
+
+    params = _load(args)
+    if not params.slo or not params.search:
+        print(f"tunebook: {args.params}: no slo/search section: nothing to search (see "
+              "params/slo.yaml)", file=sys.stderr)
+        return EXIT_BAD_PARAMS
+    if args.dry_run:
+        print(slo_search.describe(params))
+        return EXIT_OK
+    _wait(args)
+    code, out = slo_search.tune(params, args.outputs or config.outputs_dir(),
+                                progress=not args.quiet)
+    print(slo_search.report_text(out))
+    return code
+
+
 def cmd_claims(args: argparse.Namespace) -> int:
     from tunebook import claims
     from tunebook.store import find_experiments
@@ -260,6 +279,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--wait", type=float, default=0, metavar="SECONDS",
                     help="wait this long for another sweep holding the machine (default: refuse)")
     sp.set_defaults(fn=cmd_sweep)
+    sp = sub.add_parser("tune", help="the config that serves the most within an SLO: an "
+                                     "adaptive search (exit 0 found, 1 none meets the SLO)")
+    _add_common(sp)
+    sp.add_argument("--dry-run", action="store_true", help="print the space; start nothing")
+    sp.add_argument("-q", "--quiet", action="store_true")
+    sp.add_argument("--wait", type=float, default=0, metavar="SECONDS",
+                    help="wait this long for another sweep holding the machine (default: refuse)")
+    sp.set_defaults(fn=cmd_tune)
     sp = sub.add_parser("render", help="render an experiment's executed notebook to HTML")
     sp.add_argument("experiment_dir", type=Path, help="e.g. outputs/quickstart")
     _add_no_input(sp)

@@ -81,7 +81,7 @@ PROBE_UNUSED_KEYS = ("num_prefixes", "prompts_per_user", "min_prompts", "num_pro
 TOP_KEYS = (
     "experiment", "notebook", "model", "description", "engine", "engine_grid", "engine_env",
     "load", "repeats", "max_runs", "max_prompts", "startup_timeout_s", "run_timeout_s", "figures",
-    "parts", "start_together", "figures_only", "layout",
+    "parts", "start_together", "figures_only", "layout", "slo", "search",
 )
 # Keys that plan engines: a figures_only file has none of them.
 ENGINE_KEYS = ("engine", "engine_grid", "engine_env", "load", "parts", "start_together",
@@ -197,6 +197,9 @@ class SweepParams:
     figures_only: bool = False
     # Fig 6.1's inputs (tunebook.layout.LayoutInputs fields + check_against, machine)
     layout: dict[str, Any] = field(default_factory=dict)
+    # `tunebook tune` (tunebook.slo): the bounds to meet and the space to search
+    slo: tuple[str, ...] = ()
+    search: dict[str, Any] = field(default_factory=dict)
     source: str = "<params>"
 
     def all_parts(self) -> tuple[Part, ...]:
@@ -237,6 +240,10 @@ class SweepParams:
             out["figures_only"] = True
         if self.layout:
             out["layout"] = dict(self.layout)
+        if self.slo:
+            out["slo"] = list(self.slo)
+        if self.search:
+            out["search"] = dict(self.search)
         if self.parts:
             del out["engine_grid"]
             out["parts"] = [part.to_dict() for part in self.parts]
@@ -469,6 +476,7 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
                 v.err(key, "figures_only: true plans no engine: remove this key (or "
                            "figures_only)")
     layout = _layout(v, v.get(data, "layout", dict, default={}))
+    slo_bounds, search = _slo_search(v, data, load_params)
     parts = _parts(v, data, model, engine, max_runs, repeats, max_prompts, figures, together)
     if isinstance(start_together, int) and start_together > 1:
         grids = [g for part in parts for g in part.engine_grid] if parts else grid
@@ -511,8 +519,37 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
         repeats=repeats, max_runs=max_runs, max_prompts=max_prompts,
         startup_timeout_s=float(startup_timeout_s), run_timeout_s=float(run_timeout_s),
         figures=figures, parts=parts, start_together=start_together,
-        figures_only=figures_only is True, layout=layout, source=source,
+        figures_only=figures_only is True, layout=layout, slo=slo_bounds, search=search,
+        source=source,
     )
+
+
+def _slo_search(v: _Validator, data: dict, load: LoadParams | None
+                ) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """`slo:` and `search:` (tunebook.slo), checked here so a bad bound or knob range is an
+    error before any engine starts; kept as written (the search parses them again)."""
+    from tunebook import slo
+
+    if ("slo" in data) != ("search" in data):
+        v.err("search" if "slo" in data else "slo",
+              "slo and search go together: the bounds to meet and the space to search")
+        return (), {}
+    if "slo" not in data:
+        return (), {}
+    raw_slo = data["slo"]
+    try:
+        bounds = slo.parse_slo(raw_slo)
+    except slo.SearchSpecError as e:
+        for key, msg in e.problems:
+            v.err(key, msg)
+        bounds = ()
+    try:
+        slo.parse_search(data["search"], load.users if load else ())
+    except slo.SearchSpecError as e:
+        for key, msg in e.problems:
+            v.err(key, msg)
+    return tuple(str(b) for b in bounds), dict(data["search"]) if isinstance(
+        data["search"], dict) else {}
 
 
 def _layout(v: _Validator, raw: dict[str, Any] | None) -> dict[str, Any]:

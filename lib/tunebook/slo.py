@@ -1,0 +1,415 @@
+"""From an SLO to the best engine config: adaptive search over engine knobs and load.
+
+The question users ask: "which config serves the most output tok/s while p99 TPOT ≤ X ms and
+p99 TTFT ≤ Y ms on this machine?" — answered here without running the whole grid:
+
+- **Within one engine config**, `best_load` bisects the load levels (concurrent users) for the
+  highest one that meets every bound, and stops climbing past saturation: when a level meets
+  the SLO but serves less than `gain` × the throughput of the feasible level below it, more
+  users only queue (the knee of tunebook.stats.saturation, as a stopping rule).
+- **Across engine configs**, `search` lets Optuna's sampler (TPE, or a grid) propose configs and
+  prunes a config as soon as it cannot beat the best so far. The bound that makes this sound:
+  throughput does not fall as users are added (until saturation), so a config that misses the
+  SLO at `u` users scores at most its throughput at `u`; when that is ≤ the best score, no
+  lower load of it can win, and the rest of its bisection is skipped.
+
+The evaluator is any `(knobs, users) -> row` callable that returns a result row (schema
+columns): `tunebook.slo_search.SweepEvaluator` runs real engines through tunebook.sweep (every
+point an ordinary stored run: resume, failures and the lock unchanged); tests pass a simulated
+engine with a known answer. This module never starts anything itself.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunebook import knobs as knob_table
+from tunebook import schema
+
+Row = Mapping[str, Any]
+Evaluate = Callable[[dict[str, Any], int], Row]
+
+OBJECTIVES = ("output_tok_s", "total_tok_s", "request_throughput_req_s")
+_BOUND = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([0-9][0-9_.eE+-]*)\s*$")
+SAMPLERS = ("tpe", "grid")
+
+
+class SearchSpecError(ValueError):
+    """Problems with an `slo:` or `search:` section: (key, message) pairs, like ParamsError."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{k}: {m}" for k, m in problems))
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One SLO bound on a result column, e.g. ``p99_tpot_ms <= 50``."""
+
+    metric: str
+    op: str  # "<=", "<", ">=", ">"
+    value: float
+
+    @classmethod
+    def parse(cls, text: str) -> Bound:
+        m = _BOUND.match(str(text))
+        if not m:
+            raise ValueError(f"{text!r} is not '<metric> <= <number>' (or <, >=, >), e.g. "
+                             "'p99_tpot_ms <= 50'")
+        metric, op, raw = m.groups()
+        if metric not in schema.COLUMN_NAMES:
+            raise ValueError(f"{metric!r} is not a result column (e.g. p99_tpot_ms, "
+                             "p99_ttft_ms, median_itl_ms, output_tok_s_per_user)")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"{raw!r} in {text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise ValueError(f"{text!r}: the bound must be a finite number")
+        return cls(metric, op, value)
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.op} {self.value:g}"
+
+    def _value(self, row: Row) -> float | None:
+        v = row.get(self.metric)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(float(v)):
+            return None
+        return float(v)
+
+    def met(self, row: Row) -> bool:
+        v = self._value(row)
+        if v is None:
+            return False
+        return {"<=": v <= self.value, "<": v < self.value,
+                ">=": v >= self.value, ">": v > self.value}[self.op]
+
+    def slack(self, row: Row) -> float | None:
+        """How far inside the bound the row is, as a fraction of the bound (negative: by how
+        much it misses); None when the row lacks the metric."""
+        v = self._value(row)
+        if v is None:
+            return None
+        d = (self.value - v) if self.op in ("<=", "<") else (v - self.value)
+        return d / (abs(self.value) or 1.0)
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """The `search:` section: the knobs and their values, the load levels, the objective, the
+    sampler and the budget (engine configs started, or minutes; None: no limit)."""
+
+    knobs: Mapping[str, tuple[Any, ...]]
+    users: tuple[int, ...]
+    objective: str = "output_tok_s"
+    sampler: str = "tpe"
+    max_configs: int | None = None
+    max_minutes: float | None = None
+    seed: int = 0
+    gain: float = 1.05  # a level must beat the one below by this factor to count as a gain
+
+    def grid(self) -> list[dict[str, Any]]:
+        """Every engine config of the space (the full grid), in a stable order."""
+        configs: list[dict[str, Any]] = [{}]
+        for name, values in self.knobs.items():
+            configs = [{**c, name: v} for c in configs for v in values]
+        return configs
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"knobs": {k: list(v) for k, v in self.knobs.items()},
+                               "users": list(self.users), "objective": self.objective,
+                               "sampler": self.sampler, "seed": self.seed, "gain": self.gain}
+        budget = {k: v for k, v in (("engine_configs", self.max_configs),
+                                    ("minutes", self.max_minutes)) if v is not None}
+        if budget:
+            out["budget"] = budget
+        return out
+
+
+def parse_slo(raw: Any) -> tuple[Bound, ...]:
+    """`slo:` — a list of bounds (strings), at least one."""
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        raise SearchSpecError([("slo", "must be a list of bounds like 'p99_tpot_ms <= 50'")])
+    bounds, problems = [], []
+    for i, text in enumerate(raw):
+        try:
+            bounds.append(Bound.parse(text))
+        except ValueError as e:
+            problems.append((f"slo[{i}]", str(e)))
+    if problems:
+        raise SearchSpecError(problems)
+    return tuple(bounds)
+
+
+def parse_search(raw: Any, users_default: Sequence[int] = ()) -> SearchSpec:
+    """`search:` — {knobs: {name: [values]}, users: [levels], objective, sampler, seed,
+    budget: {engine_configs: N, minutes: M}, gain}."""
+    p: list[tuple[str, str]] = []
+    if not isinstance(raw, dict):
+        raise SearchSpecError([("search", "must be a mapping: knobs, users, objective, budget")])
+    allowed = {"knobs", "users", "objective", "sampler", "seed", "budget", "gain"}
+    for k in raw:
+        if k not in allowed:
+            p.append((f"search.{k}", f"unknown key; allowed: {sorted(allowed)}"))
+    space: dict[str, tuple[Any, ...]] = {}
+    kn = raw.get("knobs")
+    if not isinstance(kn, dict) or not kn:
+        p.append(("search.knobs", "must map engine knobs to the values to try, e.g. "
+                                  "{max_num_seqs: [8, 16, 32]}"))
+    else:
+        for name, values in kn.items():
+            key = f"search.knobs.{name}"
+            knob = knob_table.KNOBS.get(name)
+            if knob is None or not knob.flag:
+                p.append((key, "is not an engine knob (see tunebook.knobs)"))
+                continue
+            if not isinstance(values, list) or not values:
+                p.append((key, "must be a non-empty list of values"))
+                continue
+            bad = [v for v in values if not knob.accepts(v)]
+            if bad:
+                p.append((key, f"{bad[0]!r} is not {knob.allowed}"))
+            elif len({repr(v) for v in values}) != len(values):
+                p.append((key, "lists a value twice"))
+            else:
+                space[name] = tuple(values)
+    users = raw.get("users", list(users_default))
+    if (not isinstance(users, list) or not users
+            or not all(isinstance(u, int) and not isinstance(u, bool) and u > 0 for u in users)):
+        p.append(("search.users", "must be a list of positive integers: the load levels "
+                                  "(concurrent users) to bisect"))
+        users = []
+    elif sorted(set(users)) != users:
+        p.append(("search.users", "must be increasing, without repeats"))
+    objective = raw.get("objective", "output_tok_s")
+    if objective not in OBJECTIVES:
+        p.append(("search.objective", f"must be one of {OBJECTIVES}"))
+    sampler = raw.get("sampler", "tpe")
+    if sampler not in SAMPLERS:
+        p.append(("search.sampler", f"must be one of {SAMPLERS} (grid: the full grid)"))
+    seed = raw.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        p.append(("search.seed", "must be a non-negative integer"))
+    gain = raw.get("gain", 1.05)
+    if not isinstance(gain, int | float) or isinstance(gain, bool) or not 1 <= gain <= 2:
+        p.append(("search.gain", "must be a number in [1, 2] (1.05: a level must serve 5% "
+                                 "more than the one below to count as a gain)"))
+    budget = raw.get("budget", {})
+    max_configs = max_minutes = None
+    if not isinstance(budget, dict):
+        p.append(("search.budget", "must be a mapping: {engine_configs: N} and/or "
+                                   "{minutes: M}"))
+    else:
+        for k in budget:
+            if k not in ("engine_configs", "minutes"):
+                p.append((f"search.budget.{k}", "unknown; allowed: engine_configs, minutes"))
+        max_configs = budget.get("engine_configs")
+        if max_configs is not None and (not isinstance(max_configs, int)
+                                        or isinstance(max_configs, bool) or max_configs < 1):
+            p.append(("search.budget.engine_configs", "must be a positive integer"))
+        max_minutes = budget.get("minutes")
+        if max_minutes is not None and (not isinstance(max_minutes, int | float)
+                                        or isinstance(max_minutes, bool) or max_minutes <= 0):
+            p.append(("search.budget.minutes", "must be a positive number"))
+    if p:
+        raise SearchSpecError(p)
+    return SearchSpec(knobs=space, users=tuple(users), objective=objective, sampler=sampler,
+                      max_configs=max_configs,
+                      max_minutes=float(max_minutes) if max_minutes is not None else None,
+                      seed=seed, gain=float(gain))
+
+
+# --- within one engine config ----------------------------------------------------------------
+@dataclass
+class Point:
+    knobs: dict[str, Any]
+    users: int
+    row: Row
+    meets: bool
+    value: float | None  # the objective; None when the run gave none (failed)
+
+
+@dataclass
+class ConfigOutcome:
+    """One engine config's search: every point it ran and its score (the objective at its
+    best point that meets the SLO)."""
+
+    knobs: dict[str, Any]
+    points: list[Point] = field(default_factory=list)
+    pruned: bool = False
+    why: str = ""  # how its search ended, one line
+
+    @property
+    def best(self) -> Point | None:
+        ok = [p for p in self.points if p.meets and p.value is not None]
+        return max(ok, key=lambda p: (p.value, -p.users)) if ok else None
+
+    @property
+    def score(self) -> float | None:
+        b = self.best
+        return b.value if b else None
+
+
+def _objective(row: Row, objective: str) -> float | None:
+    v = row.get(objective)
+    ok = row.get("status", schema.STATUS_OK) == schema.STATUS_OK
+    return float(v) if ok and isinstance(v, int | float) and math.isfinite(float(v)) else None
+
+
+def meets(row: Row, bounds: Sequence[Bound]) -> bool:
+    """Every bound met by an ok run."""
+    if row.get("status", schema.STATUS_OK) != schema.STATUS_OK:
+        return False
+    return all(b.met(row) for b in bounds)
+
+
+def best_load(evaluate: Evaluate, knobs: dict[str, Any], levels: Sequence[int],
+              bounds: Sequence[Bound], objective: str = "output_tok_s",
+              beat: float | None = None, gain: float = 1.05) -> ConfigOutcome:
+    """Bisect `levels` for the highest load of this config that meets every bound.
+
+    `beat`: the best score so far; the config is pruned as soon as a point that misses the SLO
+    serves no more than it (its score cannot exceed that point's throughput). A feasible level
+    that serves less than `gain` × the feasible level below it ends the climb (saturation)."""
+    out = ConfigOutcome(dict(knobs))
+    lo, hi = -1, len(levels)  # highest index known to meet, lowest index known to miss
+    while hi - lo > 1:
+        mid = (lo + hi + 1) // 2 if lo >= 0 else (hi - 1) // 2
+        row = evaluate(dict(knobs), levels[mid])
+        value = _objective(row, objective)
+        point = Point(dict(knobs), levels[mid], row, meets(row, bounds), value)
+        out.points.append(point)
+        if point.meets:
+            below = next((p for p in reversed(out.points[:-1])
+                          if p.meets and p.users < point.users and p.value is not None), None)
+            lo = mid
+            if below is not None and value is not None and value < gain * below.value:
+                out.why = (f"saturated at {point.users} users: {value:,.1f} < {gain:g} × "
+                           f"{below.value:,.1f} at {below.users}")
+                return out
+        else:
+            hi = mid
+            if beat is not None and (value is None or value <= beat):
+                out.pruned = True
+                out.why = (f"pruned at {point.users} users: misses the SLO and serves "
+                           f"{'nothing' if value is None else f'{value:,.1f}'} ≤ the best "
+                           f"{beat:,.1f}")
+                return out
+    if out.best is None:
+        out.why = f"no load level meets the SLO (lowest tried: {levels[0]} users)"
+    else:
+        top = "the highest level" if lo == len(levels) - 1 else f"{levels[lo + 1]} users miss"
+        out.why = f"best {out.best.users} users ({top})"
+    return out
+
+
+# --- across engine configs -------------------------------------------------------------------
+@dataclass
+class SearchResult:
+    spec: SearchSpec
+    bounds: tuple[Bound, ...]
+    outcomes: list[ConfigOutcome]
+    wall_s: float
+    stopped: str = ""  # why the search ended
+
+    @property
+    def points(self) -> list[Point]:
+        return [p for o in self.outcomes for p in o.points]
+
+    @property
+    def best(self) -> ConfigOutcome | None:
+        scored = [o for o in self.outcomes if o.score is not None]
+        return max(scored, key=lambda o: o.score) if scored else None  # type: ignore[arg-type]
+
+    def closest(self) -> Point | None:
+        """When nothing meets the SLO: the point that misses it by the least (its worst
+        bound's shortfall, as a fraction of the bound)."""
+        def worst(p: Point) -> float:
+            s = [b.slack(p.row) for b in self.bounds]
+            return min((x for x in s if x is not None), default=-math.inf)
+        pts = [p for p in self.points if p.row.get("status", schema.STATUS_OK)
+               == schema.STATUS_OK]
+        return max(pts, key=worst) if pts else None
+
+
+def search(evaluate: Evaluate, spec: SearchSpec, bounds: Sequence[Bound],
+           on_config: Callable[[ConfigOutcome], None] | None = None) -> SearchResult:
+    """Optuna proposes engine configs (spec.sampler), each is bisected by `best_load` with the
+    best score so far as the bar to beat; ends when every config of the space was tried or the
+    budget (configs, minutes) is spent."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    grid = spec.grid()
+    sampler = (optuna.samplers.GridSampler({k: list(v) for k, v in spec.knobs.items()},
+                                           seed=spec.seed)
+               if spec.sampler == "grid" else optuna.samplers.TPESampler(seed=spec.seed))
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    outcomes: dict[str, ConfigOutcome] = {}
+    t0 = time.monotonic()
+    stopped = ""
+
+    def key(k: Mapping[str, Any]) -> str:
+        return repr(sorted(k.items()))
+
+    def best_score() -> float | None:
+        scores = [o.score for o in outcomes.values() if o.score is not None]
+        return max(scores) if scores else None
+
+    def objective(trial: optuna.Trial) -> float:
+        knobs = {name: trial.suggest_categorical(name, list(values))
+                 for name, values in spec.knobs.items()}
+        done = outcomes.get(key(knobs))
+        if done is None:  # a config proposed again costs nothing
+            done = best_load(evaluate, knobs, spec.users, bounds, spec.objective,
+                             beat=best_score(), gain=spec.gain)
+            outcomes[key(knobs)] = done
+            if on_config:
+                on_config(done)
+        if done.pruned:
+            raise optuna.TrialPruned(done.why)
+        return done.score if done.score is not None else 0.0
+
+    # TPE may propose a config again; cap the trials so a small space still ends
+    for _ in range(max(len(grid) * 20, 50)):
+        if len(outcomes) == len(grid):
+            stopped = f"every one of the {len(grid)} engine configs was tried"
+            break
+        if spec.max_configs is not None and len(outcomes) >= spec.max_configs:
+            stopped = f"budget: {spec.max_configs} engine configs"
+            break
+        if spec.max_minutes is not None and time.monotonic() - t0 > 60 * spec.max_minutes:
+            stopped = f"budget: {spec.max_minutes:g} minutes"
+            break
+        study.optimize(objective, n_trials=1)
+    else:
+        stopped = f"the sampler kept proposing tried configs ({len(outcomes)} of {len(grid)})"
+    return SearchResult(spec, tuple(bounds), list(outcomes.values()),
+                        time.monotonic() - t0, stopped)
+
+
+def full_grid(evaluate: Evaluate, spec: SearchSpec, bounds: Sequence[Bound]) -> SearchResult:
+    """The brute-force answer the search is checked against: every config at every level."""
+    t0 = time.monotonic()
+    outcomes = []
+    for knobs in spec.grid():
+        o = ConfigOutcome(dict(knobs), why="full grid")
+        for u in spec.users:
+            row = evaluate(dict(knobs), u)
+            o.points.append(Point(dict(knobs), u, row, meets(row, bounds),
+                                  _objective(row, spec.objective)))
+        outcomes.append(o)
+    return SearchResult(spec, tuple(bounds), outcomes, time.monotonic() - t0,
+                        "the full grid")
+
+
+def serve_command(model: str, base: Mapping[str, Any], knobs: Mapping[str, Any]) -> str:
+    """The config as a `vllm serve` command line (what to run in production)."""
+    return " ".join(["vllm serve", model, *knob_table.argv({**base, **knobs})])

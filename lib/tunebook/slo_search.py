@@ -1,0 +1,200 @@
+"""`tunebook tune`: the SLO search (tunebook.slo) on real engines, through tunebook.sweep.
+
+Each point the search asks for — one engine config at one load level — is one ordinary sweep
+of one run: stored as its JSON like every run, skipped when it is already stored (so a search
+that was interrupted resumes where it stopped, and a second search of the same space reuses
+every point), failures recorded with their diagnosis. An EngineKeeper keeps the config's
+engine up while its load levels are bisected, so a config costs one engine start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tunebook import config, slo
+from tunebook.params import SweepParams
+from tunebook.store import stamp, write_new
+from tunebook.sweep import EngineKeeper, Sweep
+
+EXIT_FOUND, EXIT_NONE = 0, 1
+_AVERAGED = ("output_tok_s", "total_tok_s", "request_throughput_req_s")
+
+
+class SweepEvaluator:
+    """(knobs, users) -> the stored row of that run, running it first when it is not stored.
+    Counts what the search cost: engine starts and the seconds spent in sweeps."""
+
+    def __init__(self, params: SweepParams, outputs: Path | str | None = None,
+                 progress: bool = True):
+        if not params.slo or not params.search:
+            raise ValueError(f"{params.source}: no slo/search section: nothing to search")
+        self.params = params
+        self.outputs = Path(outputs or config.outputs_dir())
+        self.progress = progress
+        self.keeper = EngineKeeper()
+        self.engine_s = 0.0
+        self.points_run = 0  # points that ran now (the rest were stored already)
+
+    def point_params(self, knobs: dict[str, Any], users: int) -> SweepParams:
+        p = self.params
+        return dataclasses.replace(p, engine_grid=(dict(knobs),), parts=(),
+                                   load=dataclasses.replace(p.load, users=(users,)))
+
+    def __call__(self, knobs: dict[str, Any], users: int) -> dict[str, Any]:
+        sweep = Sweep(self.point_params(knobs, users), self.outputs, progress=self.progress,
+                      keeper=self.keeper)
+        t0 = time.monotonic()
+        result = sweep.run()
+        self.engine_s += time.monotonic() - t0
+        self.points_run += result.ok + result.failed
+        ids = {r.run_id for r in sweep.plan.runs}
+        df = sweep.store.table()
+        rows = df[df["run_id"].isin(ids)] if len(df) else df
+        if rows.empty:
+            return {"status": "failed", "error": "the run left no row"}
+        if (rows["status"] != "ok").any():  # any repeat not ok: the point is not ok
+            return rows[rows["status"] != "ok"].iloc[0].to_dict()
+        row = rows.iloc[0].to_dict()
+        for col in rows.columns:  # repeats: the mean of each measured number
+            if pd.api.types.is_numeric_dtype(rows[col]) and len(rows) > 1:
+                row[col] = float(rows[col].mean())
+        return row
+
+    @property
+    def engine_starts(self) -> int:
+        return self.keeper.starts
+
+    def close(self) -> None:
+        self.keeper.stop()
+
+
+def describe(params: SweepParams) -> str:
+    """The dry run of a search: the bounds, the space, and what the full grid would cost."""
+    bounds = slo.parse_slo(list(params.slo))
+    spec = slo.parse_search(params.search, params.load.users)
+    grid = spec.grid()
+    lines = [f"search {params.experiment}: maximise {spec.objective} subject to "
+             + " and ".join(str(b) for b in bounds),
+             f"  space: {len(grid)} engine configs × {len(spec.users)} load levels "
+             f"(users {list(spec.users)}) = {len(grid) * len(spec.users)} points in the full "
+             "grid",
+             f"  sampler {spec.sampler} (seed {spec.seed}); budget: "
+             + (", ".join(x for x in (
+                 f"{spec.max_configs} engine configs" if spec.max_configs else "",
+                 f"{spec.max_minutes:g} minutes" if spec.max_minutes else "") if x)
+                or "none (every config may be tried)")]
+    for name, values in spec.knobs.items():
+        lines.append(f"  {name}: {list(values)}")
+    return "\n".join(lines)
+
+
+def summary(params: SweepParams, result: slo.SearchResult, evaluator: SweepEvaluator) -> dict:
+    """What `tunebook tune` prints and stores: the answer, how it was found, what it cost."""
+    best = result.best
+    out: dict[str, Any] = {
+        "experiment": params.experiment, "slo": [str(b) for b in result.bounds],
+        "search": result.spec.to_dict(), "stopped": result.stopped,
+        "engine_starts": evaluator.engine_starts, "engine_s": round(evaluator.engine_s, 1),
+        "points": len(result.points), "points_run_now": evaluator.points_run,
+        "grid_points": len(result.spec.grid()) * len(result.spec.users),
+        "configs": [{"knobs": o.knobs, "score": o.score, "pruned": o.pruned, "why": o.why,
+                     "points": [{"users": p.users, "meets": p.meets, "value": p.value,
+                                 **{b.metric: _num(p.row.get(b.metric))
+                                    for b in result.bounds}} for p in o.points]}
+                    for o in result.outcomes],
+    }
+    if best is not None and best.best is not None:
+        out["best"] = {"knobs": best.knobs, "users": best.best.users,
+                       result.spec.objective: best.score,
+                       "serve": slo.serve_command(params.model, params.engine, best.knobs)}
+    else:
+        close = result.closest()
+        if close is not None:
+            out["closest"] = {"knobs": close.knobs, "users": close.users,
+                              **{b.metric: _num(close.row.get(b.metric))
+                                 for b in result.bounds}}
+    return out
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and math.isfinite(float(v)) else None
+
+
+def tune(params: SweepParams, outputs: Path | str | None = None, progress: bool = True
+         ) -> tuple[int, dict]:
+    """Run the search; store its summary under <experiment>/search/ (never overwritten).
+    Exit code: 0 a config meets the SLO, 1 none does (the summary names the closest)."""
+    bounds = slo.parse_slo(list(params.slo))
+    spec = slo.parse_search(params.search, params.load.users)
+    evaluator = SweepEvaluator(params, outputs, progress)
+    try:
+        result = slo.search(evaluator, spec, bounds)
+    finally:
+        evaluator.close()
+    out = summary(params, result, evaluator)
+    folder = evaluator.outputs / params.experiment / "search"
+    folder.mkdir(parents=True, exist_ok=True)
+    write_new(folder / f"{stamp()}.json", json.dumps(out, indent=1, default=str).encode())
+    return (EXIT_FOUND if "best" in out else EXIT_NONE), out
+
+
+def report_text(out: dict) -> str:
+    lines = [f"slo: {' and '.join(out['slo'])}",
+             f"search: {out['points']} points on {len(out['configs'])} engine configs "
+             f"({out['engine_starts']} engine starts, {out['engine_s']:.0f} s in sweeps); the "
+             f"full grid has {out['grid_points']} points; stopped: {out['stopped']}"]
+    if "best" in out:
+        b = out["best"]
+        lines += [f"best: {b['knobs']} at {b['users']} users",
+                  f"  {b['serve']}"]
+    else:
+        lines.append("no config meets the SLO")
+        if "closest" in out:
+            lines.append(f"closest: {out['closest']}")
+    return "\n".join(lines)
+
+
+def stored(outputs: Path | str | None, experiment: str) -> dict | None:
+    """The newest stored search summary of an experiment (None: it never ran here)."""
+    folder = Path(outputs or config.outputs_dir()) / experiment / "search"
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    return json.loads(files[-1].read_text()) if files else None
+
+
+def run_or_replot(params_file: str | Path, overrides: dict[str, Any] | None = None,
+                  outputs: str | Path = "../outputs", dry_run: bool = False,
+                  progress: bool = True) -> dict | None:
+    """What notebooks/20_slo calls: the search (resuming every stored point), or in a dry run
+    the newest stored summary, for replotting without an engine."""
+    from tunebook import params as P
+    from tunebook import report
+
+    params = P.load(params_file, overrides or {})
+    report.enable_offline_charts()
+    if not params.slo or not params.search:
+        raise ValueError(f"{params_file}: no slo/search section: nothing to search")
+    print(describe(params))
+    if dry_run:
+        out = stored(Path(outputs).resolve(), params.experiment)
+        print("dry run: nothing starts; " + ("the newest stored search:" if out else
+                                            "no search is stored yet"))
+    else:
+        _, out = tune(params, Path(outputs).resolve(), progress)
+    if out:
+        print(report_text(out))
+    return out
+
+
+def configs_table(out: dict | None) -> pd.DataFrame:
+    """One row per engine config the search tried: its score, how its search ended."""
+    if not out:
+        return pd.DataFrame()
+    return pd.DataFrame([{**c["knobs"], "score": c["score"], "points": len(c["points"]),
+                          "pruned": c["pruned"], "why": c["why"]} for c in out["configs"]])

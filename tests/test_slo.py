@@ -1,0 +1,162 @@
+"""The SLO search (tunebook.slo) on a simulated engine whose answer is known.
+
+The simulated engine: a config serves `per_user` tok/s per user up to `cap` users, then
+stays flat (saturation) while its latency keeps growing; p99 TPOT = base + slope × users.
+Every number below is computed from that model, so the right answer is known exactly."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from tunebook import slo
+
+LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class SimEngine:
+    """(knobs, users) -> a result row; counts evaluations and engine configs touched."""
+
+    def __init__(self, fail: set[tuple[int, int]] | None = None):
+        self.calls: list[tuple[tuple, int]] = []
+        self.fail = fail or set()
+
+    @staticmethod
+    def model(knobs: dict[str, Any], users: int) -> dict[str, Any]:
+        seqs, tokens = knobs["max_num_seqs"], knobs["max_num_batched_tokens"]
+        cap = min(seqs, tokens // 64)  # users served at once
+        per_user = 40.0 + tokens / 256  # bigger batches: faster per user, but …
+        served = min(users, cap)
+        tpot = 5.0 + 0.25 * served + tokens / 512 + 30.0 * max(0, users - cap)  # … slower steps
+        return {"status": "ok", "output_tok_s": per_user * served, "p99_tpot_ms": tpot,
+                "p99_ttft_ms": 50.0 * users / max(1, cap)}
+
+    def __call__(self, knobs: dict[str, Any], users: int) -> dict[str, Any]:
+        self.calls.append((tuple(sorted(knobs.items())), users))
+        if (knobs["max_num_seqs"], users) in self.fail:
+            return {"status": "failed", "error": "boom"}
+        return self.model(knobs, users)
+
+    @property
+    def configs(self) -> int:
+        return len({c for c, _ in self.calls})
+
+
+SPACE = {"max_num_seqs": [4, 8, 16, 32, 64], "max_num_batched_tokens": [512, 1024, 2048, 4096]}
+BOUNDS = slo.parse_slo(["p99_tpot_ms <= 20", "p99_ttft_ms <= 400"])
+
+
+def _spec(**kw: Any) -> slo.SearchSpec:
+    return slo.parse_search({"knobs": SPACE, "users": list(LEVELS), **kw})
+
+
+def _truth() -> tuple[dict[str, Any], int, float]:
+    """The exhaustive answer from the model itself."""
+    best = (None, 0, -math.inf)
+    for knobs in _spec().grid():
+        for u in LEVELS:
+            row = SimEngine.model(knobs, u)
+            if slo.meets(row, BOUNDS) and row["output_tok_s"] > best[2]:
+                best = (knobs, u, row["output_tok_s"])
+    return best  # type: ignore[return-value]
+
+
+def test_bounds_parse_and_check() -> None:
+    b = slo.Bound.parse("p99_tpot_ms <= 50")
+    assert (b.metric, b.op, b.value) == ("p99_tpot_ms", "<=", 50.0) and str(b) == \
+        "p99_tpot_ms <= 50"
+    assert b.met({"p99_tpot_ms": 50.0}) and not b.met({"p99_tpot_ms": 50.1})
+    assert not b.met({}) and not b.met({"p99_tpot_ms": float("nan")})
+    assert b.slack({"p99_tpot_ms": 60.0}) == pytest.approx(-0.2)
+    assert slo.Bound.parse("output_tok_s_per_user >= 20").met({"output_tok_s_per_user": 25})
+    for bad in ("p99_tpot <= 50", "p99_tpot_ms == 50", "p99_tpot_ms <= fast", "50 >= x"):
+        with pytest.raises(ValueError):
+            slo.Bound.parse(bad)
+
+
+def test_bad_search_sections_name_every_problem() -> None:
+    with pytest.raises(slo.SearchSpecError) as e:
+        slo.parse_search({"knobs": {"max_num_seqs": [8, -1], "warp_speed": [1]},
+                          "users": [4, 2], "objective": "vibes", "budget": {"hours": 1},
+                          "sampler": "random"})
+    keys = {k for k, _ in e.value.problems}
+    assert keys == {"search.knobs.max_num_seqs", "search.knobs.warp_speed", "search.users",
+                    "search.objective", "search.budget.hours", "search.sampler"}
+    with pytest.raises(slo.SearchSpecError):
+        slo.parse_slo([])
+
+
+def test_bisection_finds_the_highest_load_meeting_the_slo() -> None:
+    eng = SimEngine()
+    knobs = {"max_num_seqs": 16, "max_num_batched_tokens": 1024}
+    out = slo.best_load(eng, knobs, LEVELS, BOUNDS, gain=1.0)
+    feasible = [u for u in LEVELS if slo.meets(SimEngine.model(knobs, u), BOUNDS)]
+    assert out.best is not None and out.best.users == max(feasible) == 16
+    assert len(eng.calls) <= math.ceil(math.log2(len(LEVELS))) + 1  # not every level
+
+
+def test_climb_stops_past_saturation() -> None:
+    """Beyond `cap` users throughput is flat: a feasible level that serves no more than the one
+    below ends the climb, even if higher levels would still meet a loose SLO."""
+    loose = slo.parse_slo(["p99_tpot_ms <= 10000", "p99_ttft_ms <= 10000"])
+    eng = SimEngine()
+    knobs = {"max_num_seqs": 4, "max_num_batched_tokens": 1024}
+    out = slo.best_load(eng, knobs, LEVELS, loose)
+    peak = max(SimEngine.model(knobs, u)["output_tok_s"] for u in LEVELS)
+    assert out.best is not None and out.best.value == peak and "saturated" in out.why
+    assert max(u for _, u in eng.calls) < LEVELS[-1]  # it never climbed to the top
+
+
+def test_search_equals_the_full_grid_with_far_fewer_points() -> None:
+    truth_knobs, truth_users, truth_value = _truth()
+    grid_eng = SimEngine()
+    grid = slo.full_grid(grid_eng, _spec(), BOUNDS)
+    assert grid.best is not None and grid.best.score == truth_value
+    eng = SimEngine()
+    found = slo.search(eng, _spec(sampler="grid"), BOUNDS)
+    assert found.best is not None and found.best.knobs == truth_knobs
+    assert found.best.best.users == truth_users and found.best.score == truth_value
+    assert len(eng.calls) <= len(grid_eng.calls) / 3  # a third of the grid's points or fewer
+    assert any(o.pruned for o in found.outcomes)  # configs that could not win were cut short
+
+
+def test_tpe_with_a_budget_stops_at_the_budget() -> None:
+    eng = SimEngine()
+    found = slo.search(eng, _spec(budget={"engine_configs": 6}, seed=3), BOUNDS)
+    assert len(found.outcomes) == 6 == eng.configs and "budget" in found.stopped
+    assert found.best is not None  # some config meets this SLO
+
+
+def test_pruning_is_sound() -> None:
+    """A config is pruned only at a point that misses the SLO and serves ≤ the best score;
+    with the model's monotone throughput, no pruned config could have won."""
+    found = slo.search(SimEngine(), _spec(sampler="grid"), BOUNDS)
+    best = found.best.score  # type: ignore[union-attr]
+    for o in found.outcomes:
+        if o.pruned:
+            could = max((SimEngine.model(o.knobs, u)["output_tok_s"] for u in LEVELS
+                         if slo.meets(SimEngine.model(o.knobs, u), BOUNDS)), default=0.0)
+            assert could <= best
+
+
+def test_unmeetable_slo_reports_the_closest_config() -> None:
+    impossible = slo.parse_slo(["p99_tpot_ms <= 1"])
+    found = slo.search(SimEngine(), _spec(sampler="grid"), impossible)
+    assert found.best is None
+    close = found.closest()
+    assert close is not None and close.users == 1  # the lightest load misses by the least
+    assert close.knobs["max_num_batched_tokens"] == 512  # the shortest steps
+
+
+def test_failed_points_never_count_as_meeting_the_slo() -> None:
+    eng = SimEngine(fail={(16, u) for u in LEVELS})
+    out = slo.best_load(eng, {"max_num_seqs": 16, "max_num_batched_tokens": 1024}, LEVELS,
+                        BOUNDS)
+    assert out.best is None and "no load level" in out.why
+
+
+def test_serve_command() -> None:
+    cmd = slo.serve_command("qwen3-8b", {"max_model_len": 8192}, {"max_num_seqs": 32})
+    assert cmd == "vllm serve qwen3-8b --max-model-len 8192 --max-num-seqs 32"
