@@ -160,3 +160,20 @@ def test_failed_points_never_count_as_meeting_the_slo() -> None:
 def test_serve_command() -> None:
     cmd = slo.serve_command("qwen3-8b", {"max_model_len": 8192}, {"max_num_seqs": 32})
     assert cmd == "vllm serve qwen3-8b --max-model-len 8192 --max-num-seqs 32"
+
+
+def test_params_check_slo_and_search_before_anything_starts() -> None:
+    from tunebook import params as P
+
+    base = {"experiment": "s", "model": "qwen3-tiny", "load": {"users": [1, 2, 4]}}
+    ok = P.parse({**base, "slo": ["p99_tpot_ms <= 50"],
+                  "search": {"knobs": {"max_num_seqs": [4, 8]}}})
+    assert ok.slo == ("p99_tpot_ms <= 50",) and P.parse(ok.to_dict()).search == ok.search
+    assert slo.parse_search(ok.search, ok.load.users).users == (1, 2, 4)  # load's levels
+    with pytest.raises(P.ParamsError) as e:
+        P.parse({**base, "slo": ["p99_tpot <= 50"],
+                 "search": {"knobs": {"max_num_seqs": [0]}}})
+    text = str(e.value)
+    assert "slo[0]" in text and "search.knobs.max_num_seqs" in text
+    with pytest.raises(P.ParamsError, match="go together"):
+        P.parse({**base, "slo": ["p99_tpot_ms <= 50"]})

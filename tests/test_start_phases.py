@@ -140,6 +140,8 @@ def test_running_phase_names_what_happens_now() -> None:
     upto = log[:log.index("Model loading took")]
     assert running_phase(upto) == "loading weights"
     assert running_phase(log[:log.index("Graph capturing")]) == "capturing CUDA graphs"
+    cpu = log.replace("GPU KV cache size", "CPU KV cache size")
+    assert running_phase(cpu[:cpu.index("Graph capturing")]) == "warming up"
 
 
 def _record(tmp: Path, name: str, label: str, startup_s: float, row_phases: dict | None,

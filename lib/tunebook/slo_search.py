@@ -41,6 +41,7 @@ class SweepEvaluator:
         self.keeper = EngineKeeper()
         self.engine_s = 0.0
         self.points_run = 0  # points that ran now (the rest were stored already)
+        self._first = True  # the search's own params are recorded once, not one per point
 
     def point_params(self, knobs: dict[str, Any], users: int) -> SweepParams:
         p = self.params
@@ -48,23 +49,28 @@ class SweepEvaluator:
                                    load=dataclasses.replace(p.load, users=(users,)))
 
     def __call__(self, knobs: dict[str, Any], users: int) -> dict[str, Any]:
+        if self._first:
+            Sweep(self.params, self.outputs, progress=False)._record_inputs()
+            self._first = False
         sweep = Sweep(self.point_params(knobs, users), self.outputs, progress=self.progress,
-                      keeper=self.keeper)
+                      keeper=self.keeper, record_inputs=False, rebuild_table=False)
+        self.store = sweep.store
         t0 = time.monotonic()
         result = sweep.run()
         self.engine_s += time.monotonic() - t0
         self.points_run += result.ok + result.failed
-        ids = {r.run_id for r in sweep.plan.runs}
-        df = sweep.store.table()
-        rows = df[df["run_id"].isin(ids)] if len(df) else df
-        if rows.empty:
+        rows = sweep.store.latest_rows(r.run_id for r in sweep.plan.runs)
+        if not rows:
             return {"status": "failed", "error": "the run left no row"}
-        if (rows["status"] != "ok").any():  # any repeat not ok: the point is not ok
-            return rows[rows["status"] != "ok"].iloc[0].to_dict()
-        row = rows.iloc[0].to_dict()
-        for col in rows.columns:  # repeats: the mean of each measured number
-            if pd.api.types.is_numeric_dtype(rows[col]) and len(rows) > 1:
-                row[col] = float(rows[col].mean())
+        bad = [r for r in rows if r.get("status") != "ok"]
+        if bad:  # any repeat not ok: the point is not ok
+            return bad[0]
+        row = dict(rows[0])
+        for col, v in rows[0].items():  # repeats: the mean of each measured number
+            if len(rows) > 1 and isinstance(v, int | float) and not isinstance(v, bool):
+                vals = [r.get(col) for r in rows]
+                if all(isinstance(x, int | float) for x in vals):
+                    row[col] = sum(vals) / len(vals)
         return row
 
     @property
@@ -72,7 +78,11 @@ class SweepEvaluator:
         return self.keeper.starts
 
     def close(self) -> None:
+        """Stop the kept engine; rebuild the results table once for every point run."""
         self.keeper.stop()
+        store = getattr(self, "store", None)
+        if store is not None and store.runs_dir.is_dir():
+            store.rebuild_table()
 
 
 def describe(params: SweepParams) -> str:

@@ -246,8 +246,10 @@ def running_phase(log: str) -> str:
     text = strip_ansi(log)
     if not _TS.search(text):
         return RUNNING["api_import"]
-    current = "engine_core"
     order = [p for p, _ in EVENTS]
+    if "CPU KV cache size" in text:  # no CUDA graphs on the CPU backend
+        order = [p if p != "cuda_graphs" else "warmup" for p in order]
+    current = "engine_core"
     for k, (_, patterns) in enumerate(EVENTS):
         if any(re.search(p, text) for p in patterns):
             current = order[k + 1] if k + 1 < len(order) else "api_ready"

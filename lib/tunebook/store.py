@@ -10,6 +10,7 @@ Layout of `outputs/<experiment>/`::
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -152,6 +153,25 @@ class Store:
 
     def rows(self) -> list[dict[str, Any]]:
         return [r["row"] for r in self.records() if isinstance(r, dict) and "row" in r]
+
+    def latest_rows(self, run_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """The row `table()` keeps for each of these runs (its latest ok attempt, else its
+        latest attempt), read from those runs' files only: a search asks after each point."""
+        out = []
+        for rid in run_ids:
+            rows = []
+            for p in sorted(self.runs_dir.glob(f"{glob.escape(rid)}__*.json")):
+                try:
+                    record = json.loads(p.read_text())
+                except (OSError, ValueError):
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("row"), dict):
+                    rows.append(schema.upgrade(record["row"], source=str(p)))
+            rows.sort(key=lambda r: (r.get("status") == schema.STATUS_OK,
+                                     str(r.get("finished_at") or "")))
+            if rows:
+                out.append(rows[-1])
+        return out
 
     def finished_run_ids(self) -> set[str]:
         """Runs with an `ok` attempt, whatever vLLM made it (resume asks tunebook.plan.Resume,

@@ -242,7 +242,8 @@ class Sweep:
                  progress: bool = True, on_result: Callable[[dict], None] | None = None,
                  retry_failed: bool = True, wait_s: float | None = None,
                  keeper: EngineKeeper | None = None,
-                 on_finish: Callable[[Store], object] | None = None):
+                 on_finish: Callable[[Store], object] | None = None,
+                 record_inputs: bool = True, rebuild_table: bool = True):
         self.params = params
         self.plan = make_plan(params)
         self.store = Store(Path(outputs or config.outputs_dir()) / params.experiment)
@@ -251,6 +252,10 @@ class Sweep:
         self.on_finish = on_finish
         self.retry_failed = retry_failed
         self.keeper = keeper
+        # False: a caller running many one-point sweeps (tunebook.slo_search) records its
+        # inputs and rebuilds the table once itself
+        self.record_inputs = record_inputs
+        self.rebuild_table = rebuild_table
         self.steps = StepTimes()
         self.client = ClientCache()  # one tokenizer load per sweep, not one per run
         # How long to wait for another sweep holding the machine (`--wait` sets the env var,
@@ -290,8 +295,9 @@ class Sweep:
         with experiment_lock(self.store.root), machine, sigterm_as_exception():
             if self.keeper:
                 self.keeper.hold_machine(self.wait_s)
-            with self.steps.time("record inputs"):
-                self._record_inputs()
+            if self.record_inputs:
+                with self.steps.time("record inputs"):
+                    self._record_inputs()
             try:
                 return self._run(models)
             finally:
@@ -336,8 +342,9 @@ class Sweep:
                     self._run_batch(batch, models, result, bar)
         finally:
             bar.close()
-            with self.steps.time("rebuild table"):
-                self.store.rebuild_table()
+            if self.rebuild_table:
+                with self.steps.time("rebuild table"):
+                    self.store.rebuild_table()
         return result
 
     def _engine(self, cfg: EngineConfig, runs: list[PlannedRun], model: ModelRef) -> Engine:

@@ -1,0 +1,135 @@
+"""`tunebook tune`'s evaluator on the real sweep with a simulated engine (no vLLM): every point
+is an ordinary stored run, a config's engine stays up across its load levels, and a search
+interrupted mid-way resumes without running a finished point again."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from test_slo import BOUNDS, SPACE, SimEngine
+from test_sweep_engine_metrics import FakeEngine
+from tunebook import params as P
+from tunebook import slo, slo_search
+from tunebook import sweep as S
+
+LEVELS = [1, 2, 4, 8, 16, 32, 64, 128]
+
+
+class SimServer(FakeEngine):
+    """A FakeEngine that starts and stops, and knows its config's knobs."""
+
+    started = 0
+
+    def __init__(self, tmp: Path, knobs: dict[str, Any]) -> None:
+        super().__init__(tmp)
+        self.knobs = knobs
+        self.up = False
+        self.phases = None
+
+    def start(self, on_phase: Any = None) -> None:
+        SimServer.started += 1
+        self.up = True
+
+    def stop(self) -> None:
+        self.up = False
+
+    def alive(self) -> bool:
+        return self.up
+
+
+@pytest.fixture
+def sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    state: dict[str, Any] = {"engine": None, "benched": [], "interrupt_at": None}
+    SimServer.started = 0
+
+    def engine(self: S.Sweep, cfg: Any, runs: Any, model: Any) -> SimServer:
+        knobs = {k: cfg.knobs[k] for k in SPACE}
+        state["engine"] = SimServer(tmp_path, knobs)
+        return state["engine"]
+
+    def bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
+              timeout_s: float | None = None, cache: Any = None,
+              timings: dict | None = None) -> tuple[dict, str]:
+        users = int(argv[argv.index("--max-concurrency") + 1])
+        knobs = state["engine"].knobs
+        if state["interrupt_at"] is not None and len(state["benched"]) == state["interrupt_at"]:
+            raise KeyboardInterrupt
+        state["benched"].append((tuple(sorted(knobs.items())), users))
+        m = SimEngine.model(knobs, users)
+        n = users * 2
+        return {"completed": n, "failed": 0, "duration": 1.0,
+                "output_throughput": m["output_tok_s"], "p99_tpot_ms": m["p99_tpot_ms"],
+                "p99_ttft_ms": m["p99_ttft_ms"], "ttfts": [0.1] * n}, "printed"
+
+    monkeypatch.setattr(S.Sweep, "_engine", engine)
+    monkeypatch.setattr(S, "run_bench", bench)
+    monkeypatch.setattr(S.Sweep, "_scrape", staticmethod(lambda engine, errors: None))
+    return state
+
+
+def _params() -> P.SweepParams:
+    return P.parse({
+        "experiment": "slo-sim", "model": "qwen3-tiny", "engine": {"max_model_len": 1024},
+        "load": {"users": LEVELS, "reset_prefix_cache": False, "num_warmups": 0},
+        "slo": [str(b) for b in BOUNDS],
+        "search": {"knobs": SPACE, "users": LEVELS, "sampler": "grid"}})
+
+
+def _search(params: P.SweepParams, out: Path) -> tuple[slo.SearchResult, slo_search.SweepEvaluator]:
+    ev = slo_search.SweepEvaluator(params, out, progress=False)
+    try:
+        return slo.search(ev, slo.parse_search(params.search), BOUNDS), ev
+    finally:
+        ev.close()
+
+
+def test_points_are_stored_runs_and_a_config_starts_once(sim: dict, tmp_path: Path) -> None:
+    res, ev = _search(_params(), tmp_path / "out")
+    assert res.best is not None
+    configs = {c for c, _ in sim["benched"]}
+    assert ev.engine_starts == SimServer.started == len(configs)  # one start per config
+    runs = list((tmp_path / "out" / "slo-sim" / "runs").glob("*.json"))
+    assert len(runs) == len(sim["benched"]) == len(res.points)
+
+
+def test_interrupted_search_resumes_without_rerunning_points(sim: dict,
+                                                              tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    full, _ = _search(_params(), tmp_path / "reference")
+    reference = list(sim["benched"])
+    sim["benched"].clear()
+    sim["interrupt_at"] = 7
+    with pytest.raises(KeyboardInterrupt):
+        _search(_params(), out)
+    first = list(sim["benched"])
+    assert len(first) == 7
+    sim["interrupt_at"] = None
+    sim["benched"].clear()
+    again, ev = _search(_params(), out)
+    assert not set(first) & set(sim["benched"])  # nothing finished ran again
+    assert sorted(first + sim["benched"]) == sorted(reference)  # the same points in all
+    assert again.best is not None and full.best is not None
+    assert again.best.knobs == full.best.knobs and again.best.score == full.best.score
+    assert ev.points_run == len(sim["benched"])
+
+
+def test_tune_stores_its_summary_and_says_found(sim: dict, tmp_path: Path) -> None:
+    code, out = slo_search.tune(_params(), tmp_path / "out", progress=False)
+    assert code == slo_search.EXIT_FOUND and "best" in out
+    assert re.match(r"vllm serve \S+ --max-model-len 1024 --max-num-seqs \d+ "
+                    r"--max-num-batched-tokens \d+$", out["best"]["serve"])
+    stored = slo_search.stored(tmp_path / "out", "slo-sim")
+    assert stored is not None and stored["best"] == out["best"]
+    assert "best:" in slo_search.report_text(out)
+
+
+def test_unmeetable_slo_exits_1_with_the_closest_config(sim: dict, tmp_path: Path) -> None:
+    p = P.parse({**_params().to_dict(), "slo": ["p99_tpot_ms <= 1"]})
+    code, out = slo_search.tune(p, tmp_path / "out", progress=False)
+    assert code == slo_search.EXIT_NONE and "best" not in out
+    assert out["closest"]["users"] == 1 and out["closest"]["p99_tpot_ms"] > 1
+    assert "no config meets the SLO" in slo_search.report_text(out)
