@@ -34,6 +34,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("params", type=Path)
     ap.add_argument("--outputs", type=Path, default=None)
+    ap.add_argument("--kinds", nargs="+", choices=("grid", "search"),
+                    default=["grid", "search"],
+                    help="which to run now; the other's newest stored summary is reused "
+                         "(e.g. rerun only the search after a change to it)")
     ap.add_argument("--out", type=Path, default=None,
                     help="markdown report (default: OUTPUTS/<experiment>-search/benchmark.md)")
     args = ap.parse_args()
@@ -44,6 +48,12 @@ def main() -> int:
     results = {}
     for kind in ("grid", "search"):
         p = dataclasses.replace(params, experiment=f"{params.experiment}-{kind}")
+        if kind not in args.kinds:
+            kept = slo_search.stored(outputs, p.experiment)
+            if kept is None:
+                ap.error(f"no stored {kind} under {Path(outputs) / p.experiment}: run it")
+            results[kind] = kept
+            continue
         ev = slo_search.SweepEvaluator(p, outputs, progress=True)
         if compile_cache.enabled():  # both start from empty compile caches: a fair race
             compile_cache.clear()
@@ -72,13 +82,16 @@ def main() -> int:
         b = o["best"]
         return f"`{b['knobs']}` at {b['users']} users, {b[obj]:,.1f} {obj}"
 
+    rerun = ("" if len(args.kinds) == 2 else
+             f"; this time only {args.kinds[0]} ran, the other is its newest stored summary")
+
     def row(name: str, o: dict) -> str:
         return (f"| {name} | {answer(o)} | {o['points']} | {o['engine_starts']} | "
                 f"{o['engine_s']:.0f} |")
 
     text = f"""# SLO search vs the full grid
 
-Command: `python benchmarks/slo_search.py {args.params}` (one run each; {m['hardware']},
+Command: `python benchmarks/slo_search.py {args.params}` (one run each{rerun}; {m['hardware']},
 {m['vllm_package']}, Python {platform.python_version()}, tunebook {m['tunebook_commit']},
 {time.strftime('%Y-%m-%d')}). SLO: {' and '.join(str(b) for b in bounds)}; objective {obj};
 space: {len(spec.grid())} engine configs × {len(spec.users)} load levels.

@@ -177,3 +177,19 @@ def test_params_check_slo_and_search_before_anything_starts() -> None:
     assert "slo[0]" in text and "search.knobs.max_num_seqs" in text
     with pytest.raises(P.ParamsError, match="go together"):
         P.parse({**base, "slo": ["p99_tpot_ms <= 50"]})
+
+
+def test_a_config_that_beats_the_best_is_never_pruned() -> None:
+    """Seen on CPU: a config sets a new best at 32 users, then misses at 64 while serving less
+    than the old best (noise: past saturation throughput can drop). Its search is done and it
+    is the answer, not a pruned config."""
+    table = {8: (889.0, 5.0), 32: (2001.0, 17.0), 64: (1657.0, 30.0)}
+
+    def engine(knobs: dict[str, Any], users: int) -> dict[str, Any]:
+        tok_s, tpot = table[users]
+        return {"status": "ok", "output_tok_s": tok_s, "p99_tpot_ms": tpot}
+
+    out = slo.best_load(engine, {"max_num_seqs": 32}, (1, 2, 4, 8, 16, 32, 64),
+                        slo.parse_slo(["p99_tpot_ms <= 20"]), beat=1980.0)
+    assert not out.pruned and out.score == 2001.0 and out.best.users == 32
+    assert [p.users for p in out.points] == [8, 32, 64]  # nothing between 32 and 64 to try

@@ -133,3 +133,14 @@ def test_unmeetable_slo_exits_1_with_the_closest_config(sim: dict, tmp_path: Pat
     assert code == slo_search.EXIT_NONE and "best" not in out
     assert out["closest"]["users"] == 1 and out["closest"]["p99_tpot_ms"] > 1
     assert "no config meets the SLO" in slo_search.report_text(out)
+
+
+@pytest.mark.replot("cpu-slo")
+def test_slo_notebook_on_the_stored_search(replots: dict) -> None:
+    """notebooks/20_slo replotted from the committed CPU search (benchmarks/slo_search.py):
+    the points chart with the SLO line and the answer, and the configs table."""
+    rc, out = replots["cpu-slo"].wait()
+    assert rc == 0, out
+    html = (replots["cpu-slo"].exp / "report.html").read_text()
+    assert "SLO search: every evaluated point" in html and "best:" in html
+    assert "vllm serve" in html

@@ -296,11 +296,20 @@ def best_load(evaluate: Evaluate, knobs: dict[str, Any], levels: Sequence[int],
                 return out
         else:
             hi = mid
-            if beat is not None and (value is None or value <= beat):
+            own = out.score
+            # the levels left (between lo and mid) serve at most `value`: when that is no more
+            # than the best so far, none of them can win — the best of another config (pruned)
+            # or this config's own (its search is done)
+            if beat is not None and (own is None or own <= beat) and (
+                    value is None or value <= beat):
                 out.pruned = True
                 out.why = (f"pruned at {point.users} users: misses the SLO and serves "
                            f"{'nothing' if value is None else f'{value:,.1f}'} ≤ the best "
                            f"{beat:,.1f}")
+                return out
+            if own is not None and (value is None or value <= own) and out.best is not None:
+                out.why = (f"best {out.best.users} users: {point.users} users miss and serve "
+                           "no more than it")
                 return out
     if out.best is None:
         out.why = f"no load level meets the SLO (lowest tried: {levels[0]} users)"
