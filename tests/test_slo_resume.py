@@ -139,8 +139,14 @@ def test_unmeetable_slo_exits_1_with_the_closest_config(sim: dict, tmp_path: Pat
 def test_slo_notebook_on_the_stored_search(replots: dict) -> None:
     """notebooks/20_slo replotted from the committed CPU search (benchmarks/slo_search.py):
     the points chart with the SLO line and the answer, and the configs table."""
+    import json
+
     rc, out = replots["cpu-slo"].wait()
     assert rc == 0, out
-    html = (replots["cpu-slo"].exp / "report.html").read_text()
-    assert "SLO search: every evaluated point" in html and "best:" in html
-    assert "vllm serve" in html
+    exp = replots["cpu-slo"].exp
+    html = (exp / "report.html").read_text()
+    assert "Every evaluated point" in html and "best: {" in html and "vllm serve" in html
+    nb = json.loads(sorted((exp / "notebooks").glob("20_slo__*.ipynb"))[-1].read_text())
+    chart = next(c for c in nb["cells"] if "slo_points" in "".join(c["source"]))
+    spec = chart["outputs"][0]["data"]["application/vnd.vegalite.v5+json"]
+    assert spec["title"]["text"] == "SLO search: every evaluated point"
