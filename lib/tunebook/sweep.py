@@ -508,8 +508,9 @@ class Sweep:
                        error=f"interrupted ({type(e).__name__})")
             raise
         except Exception as e:  # noqa: BLE001 - any client failure is recorded, not fatal
-            status = schema.STATUS_FAILED if engine.alive() else schema.STATUS_INTERRUPTED
-            why = "" if engine.alive() else f" (engine exited, code {engine.proc.returncode})"
+            died = _exited(engine)
+            status = schema.STATUS_INTERRUPTED if died else schema.STATUS_FAILED
+            why = f" (engine exited, code {engine.proc.returncode})" if died else ""
             self._save(run, model, engine, result, status=status, started=started, seed=seed,
                        row_extra=row_extra, error=f"{type(e).__name__}: {e}{why}"[:500],
                        extra={"engine_log_tail": engine.log_tail()})
@@ -546,7 +547,7 @@ class Sweep:
                 status = schema.STATUS_FAILED
                 error = (f"{metrics['failed_requests']} request(s) failed: "
                          f"{_first_error(res)}")[:500]
-        if not engine.alive():
+        if not engine.alive() or (status != schema.STATUS_OK and _exited(engine)):
             status, error = schema.STATUS_INTERRUPTED, "engine exited during the run"
         self._save(run, model, engine, result, status=status, started=started, seed=seed,
                    metrics=metrics, row_extra=row_extra, error=error, extra=extra)
@@ -649,6 +650,18 @@ def server_options(runs: list[PlannedRun]) -> ServerOptions:
     return ServerOptions(
         dev_mode=any(r.point.reset_prefix_cache for r in runs),
         prompt_tokens_details=any(r.point.dataset == BLOCK_REUSE for r in runs))
+
+
+def _exited(engine: Engine, grace_s: float = 2.0) -> bool:
+    """Whether the engine's server exited. A run that went wrong asks with a grace: the client
+    sees a killed server's connections drop a moment before its process can be reaped, and
+    that run is `interrupted` (the engine died), not `failed`."""
+    deadline = time.monotonic() + grace_s
+    while engine.alive():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _first_error(res: dict) -> str | None:
