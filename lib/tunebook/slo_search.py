@@ -18,13 +18,12 @@ from typing import Any
 
 import pandas as pd
 
-from tunebook import config, slo
+from tunebook import config, schema, slo
 from tunebook.params import SweepParams
-from tunebook.store import stamp, write_new
+from tunebook.store import Store, stamp, write_new
 from tunebook.sweep import EngineKeeper, Sweep
 
 EXIT_FOUND, EXIT_NONE = 0, 1
-_AVERAGED = ("output_tok_s", "total_tok_s", "request_throughput_req_s")
 
 
 class SweepEvaluator:
@@ -39,6 +38,7 @@ class SweepEvaluator:
         self.outputs = Path(outputs or config.outputs_dir())
         self.progress = progress
         self.keeper = EngineKeeper()
+        self.store = Store(self.outputs / params.experiment)  # where every point's run lands
         self.engine_s = 0.0
         self.points_run = 0  # points that ran now (the rest were stored already)
         self._first = True  # the search's own params are recorded once, not one per point
@@ -54,15 +54,14 @@ class SweepEvaluator:
             self._first = False
         sweep = Sweep(self.point_params(knobs, users), self.outputs, progress=self.progress,
                       keeper=self.keeper, record_inputs=False, rebuild_table=False)
-        self.store = sweep.store
         t0 = time.monotonic()
         result = sweep.run()
         self.engine_s += time.monotonic() - t0
         self.points_run += result.ok + result.failed
-        rows = sweep.store.latest_rows(r.run_id for r in sweep.plan.runs)
+        rows = self.store.latest_rows(r.run_id for r in sweep.plan.runs)
         if not rows:
-            return {"status": "failed", "error": "the run left no row"}
-        bad = [r for r in rows if r.get("status") != "ok"]
+            return {"status": schema.STATUS_FAILED, "error": "the run left no row"}
+        bad = [r for r in rows if r.get("status") != schema.STATUS_OK]
         if bad:  # any repeat not ok: the point is not ok
             return bad[0]
         row = dict(rows[0])
@@ -80,9 +79,8 @@ class SweepEvaluator:
     def close(self) -> None:
         """Stop the kept engine; rebuild the results table once for every point run."""
         self.keeper.stop()
-        store = getattr(self, "store", None)
-        if store is not None and store.runs_dir.is_dir():
-            store.rebuild_table()
+        if self.store.runs_dir.is_dir():
+            self.store.rebuild_table()
 
 
 def describe(params: SweepParams) -> str:
