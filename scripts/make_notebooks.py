@@ -161,8 +161,13 @@ meeting them, without running the whole grid:
 
 - **within a config** it bisects the load levels for the highest one that meets the SLO, and stops
   climbing past saturation;
-- **across configs** Optuna proposes the next config, and a config is cut short as soon as a point
-  that misses the SLO serves no more than the best so far (it cannot win).
+- **across configs** the baseline (`search.baseline`, e.g. vLLM's defaults) goes first, then
+  Optuna's TPE proposes the next config from the ones measured (numeric knobs as ordered values);
+  a new config is first tried at the best config's load level and cut short as soon as a point
+  that misses the SLO serves no more than the best so far (it cannot win);
+- it ends when `budget.patience` configs in a row beat no best, or at the budget (configs,
+  minutes); the summary says what the answer cost in engine time, and how it compares with the
+  baseline at the same SLO.
 
 Every point is an ordinary stored run: running this again resumes, and reuses every stored point.
 Unattended: `tunebook tune params/slo.yaml` (exit 0: found, 1: no config meets the SLO)."""),
@@ -174,6 +179,9 @@ summary = slo_search.run_or_replot(params_file, overrides, outputs, dry_run=dry_
            "the SLO, the dashed line is the frontier of the points that meet it, the ring is "
            "the answer."),
         code("charts.slo_points(summary) if summary else None"),
+        md("## Where the search went\nEach engine config of the space: its score within the "
+           "SLO and the order the search tried it in; the cells left blank were never started."),
+        code("charts.slo_configs(summary) if summary else None"),
         md("## Each engine config the search tried\nIts score (the objective at its best point "
            "within the SLO) and how its search ended: the highest level, saturation, or cut "
            "short because it could not beat the best."),

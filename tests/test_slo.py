@@ -193,3 +193,45 @@ def test_a_config_that_beats_the_best_is_never_pruned() -> None:
                         slo.parse_slo(["p99_tpot_ms <= 20"]), beat=1980.0)
     assert not out.pruned and out.score == 2001.0 and out.best.users == 32
     assert [p.users for p in out.points] == [8, 32, 64]  # nothing between 32 and 64 to try
+
+
+def test_the_baseline_is_tried_first_and_patience_ends_the_search() -> None:
+    base = {"max_num_seqs": 64, "max_num_batched_tokens": 4096}  # the simulated "default"
+    eng = SimEngine()
+    found = slo.search(eng, _spec(baseline=base, budget={"patience": 3}, seed=0), BOUNDS)
+    assert found.outcomes[0].knobs == base and found.baseline is found.outcomes[0]
+    assert "patience" in found.stopped and len(found.outcomes) < len(_spec().grid())
+    # after the last new best and the random start (the baseline + spec.startup draws),
+    # exactly `patience` configs were tried
+    scores = [o.score or 0.0 for o in found.outcomes]
+    last_best = max(i for i, s in enumerate(scores) if s > max(scores[:i], default=-1.0))
+    counted_from = max(last_best + 1, 1 + _spec().startup)
+    assert len(found.outcomes) - counted_from == 3
+    with pytest.raises(slo.SearchSpecError) as e:
+        _spec(baseline={"max_num_seqs": 3, "max_num_batched_tokens": 512},
+              budget={"patience": 0})
+    assert {k for k, _ in e.value.problems} == {"search.baseline.max_num_seqs",
+                                                "search.budget.patience"}
+
+
+def test_a_config_is_first_tried_at_the_best_level_and_pruned_after_one_point() -> None:
+    """The bar to beat is the best config's score at its level: a config that misses the SLO
+    there and serves no more than that best is done after one point."""
+    eng = SimEngine()
+    weak = {"max_num_seqs": 4, "max_num_batched_tokens": 512}  # caps at 4 users
+    out = slo.best_load(eng, weak, LEVELS, BOUNDS, beat=1e9, first=LEVELS.index(32))
+    assert [u for _, u in eng.calls] == [32] and out.pruned
+
+
+def test_replay_charges_each_start_once_and_finds_the_grid_answer() -> None:
+    """Replaying a search on a grid's points charges a config's engine start once, and each
+    point its runs' seconds, as the grid measured them."""
+    grid = slo.full_grid(SimEngine(), _spec(), BOUNDS)
+    summary = {"configs": [{"knobs": o.knobs, "points": [
+        {"users": p.users, "value": p.value, **{b.metric: p.row[b.metric] for b in BOUNDS},
+         "seconds": 2.0, "start_s": 30.0} for p in o.points]} for o in grid.outcomes]}
+    rep = slo.Replay(summary)
+    found = slo.search(rep, _spec(sampler="grid"), BOUNDS)
+    assert found.best is not None and found.best.knobs == grid.best.knobs  # type: ignore
+    assert rep.engine_starts == len(found.outcomes)
+    assert rep.engine_s == pytest.approx(30.0 * len(found.outcomes) + 2.0 * len(found.points))

@@ -115,6 +115,37 @@ def test_interrupted_search_resumes_without_rerunning_points(sim: dict,
     assert again.best is not None and full.best is not None
     assert again.best.knobs == full.best.knobs and again.best.score == full.best.score
     assert ev.points_run == len(sim["benched"])
+    # engine time comes from the stored rows: the resumed search counts what the points of the
+    # first (killed) invocation cost then, each config's start once
+    rows = [r for r in ev.store.rows() if r["status"] == "ok"]
+    assert ev.engine_s == pytest.approx(
+        sum(slo_search.point_cost([r])["seconds"] for r in rows)
+        + sum({r["engine_config_id"]: r.get("startup_s") or 0.0 for r in rows}.values()),
+        abs=0.05)
+
+
+def test_a_stored_only_evaluator_never_starts_an_engine(sim: dict, tmp_path: Path) -> None:
+    """benchmarks/slo_bench.py --stored-only: a grid measured over several device calls is
+    summed up from its stored points; a point never measured is 'missing', not run."""
+    p = _params()
+    _search(p, tmp_path / "out")
+    measured = {(c, u) for c, u in sim["benched"]}
+    started = SimServer.started
+    ev = slo_search.SweepEvaluator(p, tmp_path / "out", progress=False, stored_only=True)
+    grid = slo.full_grid(ev, slo.parse_search(p.search), BOUNDS)
+    assert SimServer.started == started  # nothing started
+    for pt in grid.points:
+        stored = (tuple(sorted(pt.knobs.items())), pt.users) in measured
+        assert (pt.row.get("status") == "ok") == stored
+        assert stored or pt.row["status"] == slo_search.STATUS_MISSING
+
+
+def test_point_cost_reads_a_runs_clock() -> None:
+    row = {"started_at": "2026-12-04T04:23:16.615Z", "finished_at": "2026-12-04T04:23:18.294Z",
+           "startup_s": 27.5}
+    assert slo_search.point_cost([row, row]) == {"seconds": pytest.approx(3.36),
+                                                 "start_s": 27.5}
+    assert slo_search.point_cost([{"status": "failed"}]) == {"seconds": 0.0, "start_s": 0.0}
 
 
 def test_tune_stores_its_summary_and_says_found(sim: dict, tmp_path: Path) -> None:
@@ -137,7 +168,7 @@ def test_unmeetable_slo_exits_1_with_the_closest_config(sim: dict, tmp_path: Pat
 
 @pytest.mark.replot("cpu-slo")
 def test_slo_notebook_on_the_stored_search(replots: dict) -> None:
-    """notebooks/20_slo replotted from the committed CPU search (benchmarks/slo_search.py):
+    """notebooks/20_slo replotted from the committed CPU search (benchmarks/slo_bench.py):
     the points chart with the SLO line and the answer, and the configs table."""
     import json
 
@@ -150,3 +181,6 @@ def test_slo_notebook_on_the_stored_search(replots: dict) -> None:
     chart = next(c for c in nb["cells"] if "slo_points" in "".join(c["source"]))
     spec = chart["outputs"][0]["data"]["application/vnd.vegalite.v5+json"]
     assert spec["title"]["text"] == "SLO search: every evaluated point"
+    went = next(c for c in nb["cells"] if "slo_configs" in "".join(c["source"]))
+    spec = went["outputs"][0]["data"]["application/vnd.vegalite.v5+json"]
+    assert spec["title"]["text"] == "Where the search went"

@@ -703,6 +703,61 @@ def slo_points(summary: Mapping[str, Any]) -> alt.LayerChart | None:
             answer, spent]))
 
 
+def slo_configs(summary: Mapping[str, Any]) -> alt.LayerChart | None:
+    """Where the search went: one cell per engine config of the space (the first two knobs
+    searched), coloured by its score (the objective at its best point within the SLO), labelled
+    with the order it was tried in; blank cells were never started."""
+    knobs = list(summary.get("search", {}).get("knobs", {}))
+    objective = summary.get("search", {}).get("objective", "output_tok_s")
+    if not knobs or not summary.get("configs"):
+        return None
+    x_knob, y_knob = knobs[0], (knobs[1] if len(knobs) > 1 else None)
+    best = (summary.get("best") or {}).get("knobs")
+    rows = []
+    for i, c in enumerate(summary["configs"], 1):
+        rows.append({x_knob: str(c["knobs"].get(x_knob)),
+                     **({y_knob: str(c["knobs"].get(y_knob))} if y_knob else {}),
+                     "score": c["score"], "tried": i,
+                     "label": f"#{i} " + (f"{c['score']:,.0f}" if c["score"] else "–")
+                     + (" ★" if c["knobs"] == best else ""),
+                     "how it ended": c.get("why", "")})
+    data = pd.DataFrame(rows)
+    order = {k: [str(v) for v in summary["search"]["knobs"][k]] for k in knobs[:2]}
+    enc: dict[str, Any] = {"x": alt.X(f"{x_knob}:O", title=x_knob,
+                                      scale=alt.Scale(domain=order[x_knob]))}
+    if y_knob:  # the whole space on both axes, so the cells never started show as gaps
+        enc["y"] = alt.Y(f"{y_knob}:O", title=y_knob,
+                         scale=alt.Scale(domain=list(reversed(order[y_knob]))))
+    scored = data[data["score"].notna()]
+    unscored = data[data["score"].isna()]
+    layers = []
+    if len(unscored):  # started, but no level met the SLO (or it was cut short first)
+        layers.append(alt.Chart(unscored).mark_rect(stroke="white", color="#d9d9d9").encode(
+            **enc, tooltip=list(data.columns)))
+    if len(scored):
+        mid = (scored["score"].min() + scored["score"].max()) / 2
+        layers.append(alt.Chart(scored).mark_rect(stroke="white").encode(
+            **enc, color=alt.Color("score:Q", title=objective,
+                                   scale=alt.Scale(scheme="viridis")),
+            tooltip=list(data.columns)))
+    else:
+        mid = 0.0
+    layers.append(alt.Chart(data).mark_text(fontSize=11).encode(
+        **enc, text="label:N",
+        color=alt.condition(f"datum.score != null && datum.score > {mid}",
+                            alt.value("black"), alt.value("white"))))
+    tried = len(data)
+    space = 1
+    for v in summary["search"]["knobs"].values():
+        space *= len(v)
+    return alt.layer(*layers).properties(
+        width=max(WIDTH // 2, 70 * len(order[x_knob])),
+        height=max(120, 40 * len(order.get(y_knob, [""]))) if y_knob else 60,
+        title=titled("Where the search went", [
+            f"{tried} of {space} engine configs started; #n: the order tried; the number: "
+            f"{objective} within the SLO (– none); ★ the answer"]))
+
+
 # --- export -------------------------------------------------------------------------------
 def _vlc():  # imported when exporting: a machine without vl-convert can still draw charts
     import vl_convert

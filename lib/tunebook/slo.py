@@ -110,8 +110,17 @@ class SearchSpec:
     sampler: str = "tpe"
     max_configs: int | None = None
     max_minutes: float | None = None
+    patience: int | None = None  # stop after this many proposed configs in a row that beat no
+    # best (counted once TPE models the space, after its random start)
+    baseline: Mapping[str, Any] | None = None  # the config to beat (vLLM's defaults): tried first
     seed: int = 0
     gain: float = 1.05  # a level must beat the one below by this factor to count as a gain
+
+    @property
+    def startup(self) -> int:
+        """Configs TPE draws at random before it models the rest: about one in five of the
+        space, 2 to 10 (Optuna's default of 10 would spend a small space on random draws)."""
+        return max(2, min(10, len(self.grid()) // 5))
 
     def grid(self) -> list[dict[str, Any]]:
         """Every engine config of the space (the full grid), in a stable order."""
@@ -125,9 +134,12 @@ class SearchSpec:
                                "users": list(self.users), "objective": self.objective,
                                "sampler": self.sampler, "seed": self.seed, "gain": self.gain}
         budget = {k: v for k, v in (("engine_configs", self.max_configs),
-                                    ("minutes", self.max_minutes)) if v is not None}
+                                    ("minutes", self.max_minutes),
+                                    ("patience", self.patience)) if v is not None}
         if budget:
             out["budget"] = budget
+        if self.baseline:
+            out["baseline"] = dict(self.baseline)
         return out
 
 
@@ -150,11 +162,11 @@ def parse_slo(raw: Any) -> tuple[Bound, ...]:
 
 def parse_search(raw: Any, users_default: Sequence[int] = ()) -> SearchSpec:
     """`search:` — {knobs: {name: [values]}, users: [levels], objective, sampler, seed,
-    budget: {engine_configs: N, minutes: M}, gain}."""
+    budget: {engine_configs: N, minutes: M, patience: P}, gain}."""
     p: list[tuple[str, str]] = []
     if not isinstance(raw, dict):
         raise SearchSpecError([("search", "must be a mapping: knobs, users, objective, budget")])
-    allowed = {"knobs", "users", "objective", "sampler", "seed", "budget", "gain"}
+    allowed = {"knobs", "users", "objective", "sampler", "seed", "budget", "gain", "baseline"}
     for k in raw:
         if k not in allowed:
             p.append((f"search.{k}", f"unknown key; allowed: {sorted(allowed)}"))
@@ -202,14 +214,20 @@ def parse_search(raw: Any, users_default: Sequence[int] = ()) -> SearchSpec:
         p.append(("search.gain", "must be a number in [1, 2] (1.05: a level must serve 5% "
                                  "more than the one below to count as a gain)"))
     budget = raw.get("budget", {})
-    max_configs = max_minutes = None
+    max_configs = max_minutes = patience = None
     if not isinstance(budget, dict):
-        p.append(("search.budget", "must be a mapping: {engine_configs: N} and/or "
-                                   "{minutes: M}"))
+        p.append(("search.budget", "must be a mapping: {engine_configs: N}, {minutes: M} "
+                                   "and/or {patience: P}"))
     else:
         for k in budget:
-            if k not in ("engine_configs", "minutes"):
-                p.append((f"search.budget.{k}", "unknown; allowed: engine_configs, minutes"))
+            if k not in ("engine_configs", "minutes", "patience"):
+                p.append((f"search.budget.{k}", "unknown; allowed: engine_configs, minutes, "
+                                                "patience"))
+        patience = budget.get("patience")
+        if patience is not None and (not isinstance(patience, int)
+                                     or isinstance(patience, bool) or patience < 1):
+            p.append(("search.budget.patience", "must be a positive integer: stop after this "
+                                                "many configs in a row that beat no best"))
         max_configs = budget.get("engine_configs")
         if max_configs is not None and (not isinstance(max_configs, int)
                                         or isinstance(max_configs, bool) or max_configs < 1):
@@ -218,12 +236,71 @@ def parse_search(raw: Any, users_default: Sequence[int] = ()) -> SearchSpec:
         if max_minutes is not None and (not isinstance(max_minutes, int | float)
                                         or isinstance(max_minutes, bool) or max_minutes <= 0):
             p.append(("search.budget.minutes", "must be a positive number"))
+    baseline = raw.get("baseline")
+    if baseline is not None:
+        if not isinstance(baseline, dict) or set(baseline) != set(space):
+            p.append(("search.baseline", "must give a value for every searched knob "
+                                         f"({sorted(space)}): the config to beat, e.g. "
+                                         "vLLM's defaults on this machine"))
+        else:
+            for name, v in baseline.items():
+                if not any(v == x and type(v) is type(x) for x in space[name]):
+                    p.append((f"search.baseline.{name}", f"{v!r} is not one of the values "
+                                                         f"searched: {list(space[name])}"))
     if p:
         raise SearchSpecError(p)
     return SearchSpec(knobs=space, users=tuple(users), objective=objective, sampler=sampler,
                       max_configs=max_configs,
                       max_minutes=float(max_minutes) if max_minutes is not None else None,
+                      patience=patience, baseline=dict(baseline) if baseline else None,
                       seed=seed, gain=float(gain))
+
+
+def point_key(knobs: Mapping[str, Any], users: int) -> str:
+    """One point of the space (an engine config at a load level) as a stable string."""
+    return f"{sorted(knobs.items())!r}@{users}"
+
+
+class Replay:
+    """An evaluator that answers from points measured before (a full grid's summary), and
+    charges each point what it cost then: its runs' seconds, plus its config's engine start
+    the first time the config is touched (tunebook.slo_search.point_cost). Replaying a
+    search on a measured grid (a tabular benchmark, as HPOBench does) compares search methods
+    on the same measurements, free of the run-to-run noise two live runs would add; its engine
+    time is what that search would have spent on that machine."""
+
+    def __init__(self, grid_summary: Mapping[str, Any], objective: str = "output_tok_s"):
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.point_s: dict[str, float] = {}
+        self.start_s: dict[str, float] = {}
+        for c in grid_summary["configs"]:
+            for p in c["points"]:
+                k = point_key(c["knobs"], p["users"])
+                ok = p.get("value") is not None
+                self.rows[k] = {**{m: v for m, v in p.items() if m not in ("users", "meets")},
+                                "status": schema.STATUS_OK if ok else schema.STATUS_FAILED,
+                                objective: p.get("value")}
+                self.point_s[k] = float(p.get("seconds") or 0.0)
+                if p.get("start_s"):
+                    self.start_s[repr(sorted(c["knobs"].items()))] = float(p["start_s"])
+        self.engine_s = 0.0
+        self.touched: set[str] = set()
+
+    @property
+    def engine_starts(self) -> int:
+        """Configs touched that the grid measured (a config it lacks starts nothing)."""
+        return sum(1 for c in self.touched if c in self.start_s)
+
+    def __call__(self, knobs: dict[str, Any], users: int) -> Row:
+        k = point_key(knobs, users)
+        if k not in self.rows:
+            raise KeyError(f"the grid has no point {k}")
+        config = repr(sorted(knobs.items()))
+        if config not in self.touched:
+            self.touched.add(config)
+            self.engine_s += self.start_s.get(config, 0.0)
+        self.engine_s += self.point_s[k]
+        return self.rows[k]
 
 
 # --- within one engine config ----------------------------------------------------------------
@@ -272,16 +349,22 @@ def meets(row: Row, bounds: Sequence[Bound]) -> bool:
 
 def best_load(evaluate: Evaluate, knobs: dict[str, Any], levels: Sequence[int],
               bounds: Sequence[Bound], objective: str = "output_tok_s",
-              beat: float | None = None, gain: float = 1.05) -> ConfigOutcome:
+              beat: float | None = None, gain: float = 1.05,
+              first: int | None = None) -> ConfigOutcome:
     """Bisect `levels` for the highest load of this config that meets every bound.
 
     `beat`: the best score so far; the config is pruned as soon as a point that misses the SLO
     serves no more than it (its score cannot exceed that point's throughput). A feasible level
-    that serves less than `gain` × the feasible level below it ends the climb (saturation)."""
+    that serves less than `gain` × the feasible level below it ends the climb (saturation).
+    `first`: the level to try first (the search passes the best config's level: a config that
+    misses the SLO there and serves no more than the best is done after one point)."""
     out = ConfigOutcome(dict(knobs))
     lo, hi = -1, len(levels)  # highest index known to meet, lowest index known to miss
     while hi - lo > 1:
-        mid = (lo + hi + 1) // 2 if lo >= 0 else (hi - 1) // 2
+        if first is not None and not out.points and 0 <= first < len(levels):
+            mid = first
+        else:
+            mid = (lo + hi + 1) // 2 if lo >= 0 else (hi - 1) // 2
         row = evaluate(dict(knobs), levels[mid])
         value = _objective(row, objective)
         point = Point(dict(knobs), levels[mid], row, meets(row, bounds), value)
@@ -337,6 +420,12 @@ class SearchResult:
         scored = [o for o in self.outcomes if o.score is not None]
         return max(scored, key=lambda o: o.score) if scored else None  # type: ignore[arg-type]
 
+    @property
+    def baseline(self) -> ConfigOutcome | None:
+        """The baseline config's outcome, when the spec names one and it was tried."""
+        b = self.spec.baseline
+        return next((o for o in self.outcomes if b and o.knobs == dict(b)), None)
+
     def closest(self) -> Point | None:
         """When nothing meets the SLO: the point that misses it by the least (its worst
         bound's shortfall, as a fraction of the bound)."""
@@ -348,43 +437,77 @@ class SearchResult:
         return max(pts, key=worst) if pts else None
 
 
+def _ordinal(values: Sequence[Any]) -> list[Any] | None:
+    """The values in order when they are all numbers (Optuna then models them as an ordered
+    index, so TPE learns "more seqs helped" instead of treating each value as a label)."""
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        return sorted(values)
+    return None
+
+
 def search(evaluate: Evaluate, spec: SearchSpec, bounds: Sequence[Bound],
            on_config: Callable[[ConfigOutcome], None] | None = None) -> SearchResult:
     """Optuna proposes engine configs (spec.sampler), each is bisected by `best_load` with the
-    best score so far as the bar to beat; ends when every config of the space was tried or the
-    budget (configs, minutes) is spent."""
+    best score so far as the bar to beat, starting at the best's load level; ends when every
+    config of the space was tried or the budget (configs, minutes, patience: configs in a row
+    that beat no best) is spent."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     grid = spec.grid()
-    sampler = (optuna.samplers.GridSampler({k: list(v) for k, v in spec.knobs.items()},
-                                           seed=spec.seed)
-               if spec.sampler == "grid" else optuna.samplers.TPESampler(seed=spec.seed))
+    if spec.sampler == "grid":
+        sampler: optuna.samplers.BaseSampler = optuna.samplers.GridSampler(
+            {k: list(v) for k, v in spec.knobs.items()}, seed=spec.seed)
+        ordered: dict[str, list[Any] | None] = {k: None for k in spec.knobs}
+    else:
+        sampler = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=spec.startup,
+                                             multivariate=True)
+        ordered = {k: _ordinal(v) for k, v in spec.knobs.items()}
     study = optuna.create_study(direction="maximize", sampler=sampler)
+    if spec.baseline and spec.sampler != "grid":  # where a user starts: vLLM's defaults
+        first_trial = {}
+        for k, v in spec.baseline.items():
+            order = ordered[k]
+            first_trial[k] = order.index(v) if order else v
+        study.enqueue_trial(first_trial)
     outcomes: dict[str, ConfigOutcome] = {}
     t0 = time.monotonic()
     stopped = ""
+    since_best = 0  # configs tried in a row that beat no best
 
     def key(k: Mapping[str, Any]) -> str:
         return repr(sorted(k.items()))
 
-    def best_score() -> float | None:
-        scores = [o.score for o in outcomes.values() if o.score is not None]
-        return max(scores) if scores else None
+    def leader() -> ConfigOutcome | None:
+        scored = [o for o in outcomes.values() if o.score is not None]
+        return max(scored, key=lambda o: o.score) if scored else None  # type: ignore[arg-type]
 
     def objective(trial: optuna.Trial) -> float:
-        knobs = {name: trial.suggest_categorical(name, list(values))
-                 for name, values in spec.knobs.items()}
+        nonlocal since_best
+        knobs = {}
+        for name, values in spec.knobs.items():
+            order = ordered[name]
+            knobs[name] = (order[trial.suggest_int(name, 0, len(order) - 1)] if order
+                           else trial.suggest_categorical(name, list(values)))
         done = outcomes.get(key(knobs))
         if done is None:  # a config proposed again costs nothing
+            lead = leader()
+            first = (spec.users.index(lead.best.users)
+                     if lead is not None and lead.best is not None else None)
             done = best_load(evaluate, knobs, spec.users, bounds, spec.objective,
-                             beat=best_score(), gain=spec.gain)
+                             beat=lead.score if lead else None, gain=spec.gain, first=first)
             outcomes[key(knobs)] = done
+            beat = done.score is not None and (lead is None or done.score > (lead.score or 0))
+            # patience counts the sampler's own proposals, not the random draws it starts with
+            modelled = len(outcomes) > spec.startup + (1 if spec.baseline else 0)
+            since_best = 0 if beat else since_best + (1 if modelled else 0)
             if on_config:
                 on_config(done)
+        score = done.score if done.score is not None else 0.0
         if done.pruned:
+            trial.report(score, 0)  # TPE ranks a pruned config by what it did serve
             raise optuna.TrialPruned(done.why)
-        return done.score if done.score is not None else 0.0
+        return score
 
     # TPE may propose a config again; cap the trials so a small space still ends
     for _ in range(max(len(grid) * 20, 50)):
@@ -393,6 +516,10 @@ def search(evaluate: Evaluate, spec: SearchSpec, bounds: Sequence[Bound],
             break
         if spec.max_configs is not None and len(outcomes) >= spec.max_configs:
             stopped = f"budget: {spec.max_configs} engine configs"
+            break
+        if spec.patience is not None and since_best >= spec.patience:
+            stopped = (f"patience: {since_best} engine configs in a row beat no best "
+                       f"({len(outcomes)} of {len(grid)} tried)")
             break
         if spec.max_minutes is not None and time.monotonic() - t0 > 60 * spec.max_minutes:
             stopped = f"budget: {spec.max_minutes:g} minutes"

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from tunebook.store import Store, stamp, write_new
 from tunebook.sweep import EngineKeeper, Sweep
 
 EXIT_FOUND, EXIT_NONE = 0, 1
+STATUS_MISSING = "missing"  # a point a stored-only evaluator has no run for
 
 
 class SweepEvaluator:
@@ -31,16 +33,22 @@ class SweepEvaluator:
     Counts what the search cost: engine starts and the seconds spent in sweeps."""
 
     def __init__(self, params: SweepParams, outputs: Path | str | None = None,
-                 progress: bool = True):
+                 progress: bool = True, stored_only: bool = False):
         if not params.slo or not params.search:
             raise ValueError(f"{params.source}: no slo/search section: nothing to search")
         self.params = params
         self.outputs = Path(outputs or config.outputs_dir())
         self.progress = progress
+        self.stored_only = stored_only  # never start an engine: a point not stored is missing
         self.keeper = EngineKeeper()
         self.store = Store(self.outputs / params.experiment)  # where every point's run lands
-        self.engine_s = 0.0
+        self.spent_s = 0.0  # seconds in sweeps in this process
         self.points_run = 0  # points that ran now (the rest were stored already)
+        # point_key -> what the point cost, read from its stored rows (so a search resumed
+        # after a kill, or rebuilt from a grid run over several device calls, counts it the
+        # same): its runs' seconds (started_at to finished_at) and its engine's start
+        self.costs: dict[str, dict[str, float]] = {}
+        self.touched: list[str] = []  # the points this search asked for, in order
         self._first = True  # the search's own params are recorded once, not one per point
 
     def point_params(self, knobs: dict[str, Any], users: int) -> SweepParams:
@@ -49,18 +57,31 @@ class SweepEvaluator:
                                    load=dataclasses.replace(p.load, users=(users,)))
 
     def __call__(self, knobs: dict[str, Any], users: int) -> dict[str, Any]:
-        if self._first:
+        if self._first and not self.stored_only:
             Sweep(self.params, self.outputs, progress=False)._record_inputs()
             self._first = False
         sweep = Sweep(self.point_params(knobs, users), self.outputs, progress=self.progress,
                       keeper=self.keeper, record_inputs=False, rebuild_table=False)
+        if self.stored_only:
+            rows = self.store.latest_rows(r.run_id for r in sweep.plan.runs)
+            if not rows:
+                return {"status": STATUS_MISSING, "error": "not measured (stored only)"}
+            self.touched.append(slo.point_key(knobs, users))
+            self.costs[slo.point_key(knobs, users)] = point_cost(rows)
+            return self._merge(rows)
         t0 = time.monotonic()
         result = sweep.run()
-        self.engine_s += time.monotonic() - t0
+        self.spent_s += time.monotonic() - t0
         self.points_run += result.ok + result.failed
         rows = self.store.latest_rows(r.run_id for r in sweep.plan.runs)
+        self.touched.append(slo.point_key(knobs, users))
         if not rows:
             return {"status": schema.STATUS_FAILED, "error": "the run left no row"}
+        self.costs[slo.point_key(knobs, users)] = point_cost(rows)
+        return self._merge(rows)
+
+    @staticmethod
+    def _merge(rows: list[dict[str, Any]]) -> dict[str, Any]:
         bad = [r for r in rows if r.get("status") != schema.STATUS_OK]
         if bad:  # any repeat not ok: the point is not ok
             return bad[0]
@@ -74,13 +95,44 @@ class SweepEvaluator:
 
     @property
     def engine_starts(self) -> int:
-        return self.keeper.starts
+        """Engine configs the search's points needed (each costs one start when it runs)."""
+        return len({k.rsplit("@", 1)[0] for k in self.touched})
+
+    @property
+    def engine_s(self) -> float:
+        """What the search's points cost in engine time, from their rows: each config's engine
+        start once, plus every point's runs (a point stored by an earlier, interrupted
+        invocation counts what it cost then)."""
+        starts: dict[str, float] = {}
+        runs = 0.0
+        for k in dict.fromkeys(self.touched):
+            c = self.costs.get(k, {})
+            starts.setdefault(k.rsplit("@", 1)[0], c.get("start_s", 0.0))
+            runs += c.get("seconds", 0.0)
+        return sum(starts.values()) + runs
 
     def close(self) -> None:
         """Stop the kept engine; rebuild the results table once for every point run."""
         self.keeper.stop()
-        if self.store.runs_dir.is_dir():
+        if self.store.runs_dir.is_dir() and not self.stored_only:
             self.store.rebuild_table()
+
+
+def _seconds(row: dict[str, Any]) -> float:
+    try:
+        t0, t1 = (datetime.fromisoformat(str(row[k]).replace("Z", "+00:00"))
+                  for k in ("started_at", "finished_at"))
+    except (KeyError, ValueError):
+        return 0.0
+    return max(0.0, (t1 - t0).total_seconds())
+
+
+def point_cost(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """A point's engine time from its stored rows: its runs (warm-ups and benchmark, every
+    repeat) and the start of the engine that served it (charged once per config)."""
+    start = next((float(r["startup_s"]) for r in rows
+                  if isinstance(r.get("startup_s"), int | float)), 0.0)
+    return {"seconds": round(sum(_seconds(r) for r in rows), 2), "start_s": round(start, 2)}
 
 
 def describe(params: SweepParams) -> str:
@@ -93,11 +145,17 @@ def describe(params: SweepParams) -> str:
              f"  space: {len(grid)} engine configs × {len(spec.users)} load levels "
              f"(users {list(spec.users)}) = {len(grid) * len(spec.users)} points in the full "
              "grid",
-             f"  sampler {spec.sampler} (seed {spec.seed}); budget: "
+             f"  sampler {spec.sampler} (seed {spec.seed}"
+             + (f", {spec.startup} random configs first" if spec.sampler == "tpe" else "")
+             + "); budget: "
              + (", ".join(x for x in (
                  f"{spec.max_configs} engine configs" if spec.max_configs else "",
-                 f"{spec.max_minutes:g} minutes" if spec.max_minutes else "") if x)
+                 f"{spec.max_minutes:g} minutes" if spec.max_minutes else "",
+                 f"patience {spec.patience} (configs in a row that beat no best)"
+                 if spec.patience else "") if x)
                 or "none (every config may be tried)")]
+    if spec.baseline:
+        lines.append(f"  baseline (tried first, the config to beat): {dict(spec.baseline)}")
     for name, values in spec.knobs.items():
         lines.append(f"  {name}: {list(values)}")
     return "\n".join(lines)
@@ -110,18 +168,28 @@ def summary(params: SweepParams, result: slo.SearchResult, evaluator: SweepEvalu
         "experiment": params.experiment, "slo": [str(b) for b in result.bounds],
         "search": result.spec.to_dict(), "stopped": result.stopped,
         "engine_starts": evaluator.engine_starts, "engine_s": round(evaluator.engine_s, 1),
+        "engine_s_now": round(evaluator.spent_s, 1), "engine_starts_now": evaluator.keeper.starts,
         "points": len(result.points), "points_run_now": evaluator.points_run,
         "grid_points": len(result.spec.grid()) * len(result.spec.users),
         "configs": [{"knobs": o.knobs, "score": o.score, "pruned": o.pruned, "why": o.why,
                      "points": [{"users": p.users, "meets": p.meets, "value": p.value,
                                  **{b.metric: _num(p.row.get(b.metric))
-                                    for b in result.bounds}} for p in o.points]}
+                                    for b in result.bounds},
+                                 **evaluator.costs.get(slo.point_key(p.knobs, p.users), {})}
+                                for p in o.points]}
                     for o in result.outcomes],
     }
     if best is not None and best.best is not None:
         out["best"] = {"knobs": best.knobs, "users": best.best.users,
                        result.spec.objective: best.score,
                        "serve": slo.serve_command(params.model, params.engine, best.knobs)}
+        base = result.baseline
+        if base is not None:
+            out["baseline"] = {"knobs": base.knobs, "pruned": base.pruned,
+                               "users": base.best.users if base.best else None,
+                               result.spec.objective: base.score}
+            if base.score and not base.pruned:  # a pruned baseline's score is only a floor
+                out["best"]["vs_baseline"] = round(best.score / base.score, 3)
     else:
         close = result.closest()
         if close is not None:
@@ -160,7 +228,9 @@ def report_text(out: dict) -> str:
              f"full grid has {out['grid_points']} points; stopped: {out['stopped']}"]
     if "best" in out:
         b = out["best"]
-        lines += [f"best: {b['knobs']} at {b['users']} users",
+        lines += [f"best: {b['knobs']} at {b['users']} users"
+                  + (f", {b['vs_baseline']:.2f}× the baseline {out['baseline']['knobs']}"
+                     if "vs_baseline" in b else ""),
                   f"  {b['serve']}"]
     else:
         lines.append("no config meets the SLO")

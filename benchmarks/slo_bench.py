@@ -1,0 +1,285 @@
+"""The SLO search against the full grid on the same space (issue 15). Not a test: one run each.
+
+Runs the full grid (every engine config at every load level) into `<experiment>-grid` and the
+search into `<experiment>-search` — separate experiments, so the live search reuses none of the
+grid's stored runs — then writes both answers, both engine times and the ratio. `--replay N`
+also replays the search N times (seeds 0..N-1) on the grid's measured points, charging each
+point what it cost in the grid (a tabular benchmark: the method's answer and engine time on the
+same measurements, without the run-to-run noise of two live runs).
+
+    .venv/bin/python benchmarks/slo_bench.py params/slo.yaml --out outputs/cpu/slo-bench \
+        --replay 50
+    # on the lent H200, through scripts/h200_run.sh (--out outputs/h200/slo-search is added):
+    bash scripts/h200_run.sh '@560:bench slo_bench.py params/slo-h200.yaml --kinds grid'
+
+Engine time = seconds spent inside sweeps (engine starts, warm-ups, runs, stops). Both start
+with empty compile caches (tunebook.compile_cache.clear), so neither inherits the other's.
+`--out DIR` keeps both experiments and the report (benchmark.md, benchmark.json) in DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "lib"))
+
+from tunebook import compile_cache, config, hardware, slo, slo_search  # noqa: E402
+from tunebook import params as P  # noqa: E402
+from tunebook.store import Store, stamp, write_new  # noqa: E402
+from tunebook.sweep import sigterm_as_exception  # noqa: E402
+
+
+def replay(grid: dict, spec: slo.SearchSpec, bounds: tuple[slo.Bound, ...], seeds: int,
+           tolerance: float) -> list[dict[str, Any]]:
+    """The search replayed on the grid's points, once per seed: what it picked, how the grid
+    scored that pick, and what it would have cost."""
+    best = grid["best"][spec.objective] if "best" in grid else None
+    scores = {repr(sorted(c["knobs"].items())): c["score"] for c in grid["configs"]}
+    out = []
+    for seed in range(seeds):
+        ev = slo.Replay(grid, spec.objective)
+        res = slo.search(ev, dataclasses.replace(spec, seed=seed), bounds)
+        pick = res.best
+        picked = scores.get(repr(sorted(pick.knobs.items()))) if pick else None
+        out.append({
+            "seed": seed, "pick": pick.knobs if pick else None, "grid_score_of_pick": picked,
+            "same": pick is not None and "best" in grid and pick.knobs == grid["best"]["knobs"],
+            "within": (picked is not None and best is not None
+                       and picked >= (1 - tolerance) * best),
+            "configs": ev.engine_starts, "points": len(res.points),
+            "engine_s": round(ev.engine_s, 1),
+            "ratio": round(ev.engine_s / max(grid["engine_s"], 1e-9), 3),
+            "stopped": res.stopped})
+    return out
+
+
+def noise_check(params: P.SweepParams, outputs: Path, picks: dict[str, dict[str, Any]],
+                repeats: int, objective: str, bounds: tuple[slo.Bound, ...]
+                ) -> list[dict[str, Any]]:
+    """Each pick (name -> {knobs, users}) measured `repeats` times more at its own best level,
+    one engine start each, in `<experiment>-noise`: is the grid's answer better than the
+    search's pick by more than one point's run-to-run spread?"""
+    from tunebook.sweep import Sweep
+
+    p0 = dataclasses.replace(params, experiment=f"{params.experiment}-noise", repeats=repeats,
+                             parts=())
+    out = []
+    for name, pick in picks.items():
+        p = dataclasses.replace(p0, engine_grid=(dict(pick["knobs"]),),
+                                load=dataclasses.replace(p0.load, users=(pick["users"],)))
+        sweep = Sweep(p, outputs, progress=True)
+        sweep.run()
+        rows = sweep.store.latest_rows(r.run_id for r in sweep.plan.runs)
+        ok = [r for r in rows if r.get("status") == "ok"
+              and isinstance(r.get(objective), int | float)]
+        vals = [float(r[objective]) for r in ok]
+        out.append({"name": name, "knobs": pick["knobs"], "users": pick["users"],
+                    "meets": sum(slo.meets(r, bounds) for r in ok),
+                    "values": [round(v, 1) for v in vals],
+                    "mean": round(statistics.fmean(vals), 1) if vals else None,
+                    "spread": round((max(vals) - min(vals)) / statistics.fmean(vals), 3)
+                    if len(vals) > 1 else None})
+    return out
+
+
+def where_it_ran(experiment: Path) -> dict[str, Any]:
+    """The machine and software the grid's rows were measured on (this machine when none)."""
+    rows = Store(experiment).latest_rows(
+        p.name.split("__")[0] for p in sorted((experiment / "runs").glob("*.json"))[:1])
+    m = hardware.machine()
+    return {**m, **{k: rows[0][k] for k in m if rows and rows[0].get(k) is not None}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("params", type=Path)
+    ap.add_argument("--outputs", type=Path, default=None)
+    ap.add_argument("--kinds", nargs="*", choices=("grid", "search"),
+                    default=["grid", "search"],
+                    help="which to run now; the other's newest stored summary is reused "
+                         "(none: only report and replay what is stored)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="a folder for both experiments and the report, or a .md file for "
+                         "the report alone (default: OUTPUTS/<experiment>-search/benchmark.md)")
+    ap.add_argument("--replay", type=int, default=0, metavar="N",
+                    help="also replay the search on the grid's points with seeds 0..N-1")
+    ap.add_argument("--stored-only", action="store_true",
+                    help="start no engine: rebuild the grid's summary from its stored points "
+                         "(a grid measured over several device calls); points not stored are "
+                         "reported missing")
+    ap.add_argument("--noise-check", type=int, default=0, metavar="N",
+                    help="measure the grid's answer, the live search's pick and the baseline N "
+                         "times more each (one engine start each), to judge 'within noise'")
+    ap.add_argument("--tolerance", type=float, default=None,
+                    help="a pick the grid scores within this fraction of its best counts as "
+                         "'within the grid's noise' (default: the grid answer's spread from "
+                         "--noise-check, else 0.05)")
+    args = ap.parse_args()
+    params = P.load(args.params)
+    if args.out is not None and args.out.suffix != ".md":
+        outputs, report = args.out, args.out / "benchmark.md"
+    else:
+        outputs = args.outputs or config.outputs_dir()
+        report = args.out or Path(outputs) / f"{params.experiment}-search" / "benchmark.md"
+    bounds = slo.parse_slo(list(params.slo))
+    spec = slo.parse_search(params.search, params.load.users)
+    results: dict[str, dict | None] = {}
+    for kind in ("grid", "search"):
+        p = dataclasses.replace(params, experiment=f"{params.experiment}-{kind}")
+        if kind == "grid" and args.stored_only:
+            ev = slo_search.SweepEvaluator(p, outputs, progress=False, stored_only=True)
+            out = slo_search.summary(p, slo.full_grid(ev, spec, bounds), ev)
+            out["missing_configs"] = [c["knobs"] for c in out["configs"] if all(
+                q["value"] is None and not q.get("seconds") for q in c["points"])]
+            results[kind] = out
+            continue
+        if kind not in args.kinds:
+            results[kind] = slo_search.stored(outputs, p.experiment)
+            continue
+        ev = slo_search.SweepEvaluator(p, outputs, progress=True)
+        # both start from empty compile caches (a fair race); a resumed one keeps its caches
+        if compile_cache.enabled() and not any(ev.store.runs_dir.glob("*.json")):
+            compile_cache.clear()
+        t0 = time.monotonic()
+        try:  # SIGTERM (a device call's limit) stops the engine; stored points resume
+            with sigterm_as_exception():
+                res = (slo.full_grid(ev, spec, bounds) if kind == "grid"
+                       else slo.search(ev, spec, bounds))
+        finally:
+            ev.close()
+        out = slo_search.summary(p, res, ev)
+        out["wall_s"] = round(time.monotonic() - t0, 1)
+        folder = Path(outputs) / p.experiment / "search"
+        folder.mkdir(parents=True, exist_ok=True)
+        write_new(folder / f"{stamp()}.json", json.dumps(out, indent=1, default=str).encode())
+        results[kind] = out
+        print(f"== {kind}: {slo_search.report_text(out)}", flush=True)
+    g, s = results["grid"], results["search"]
+    if g is None:
+        print(f"no full grid stored under {outputs}: nothing to compare (run --kinds grid)")
+        return 0
+    if not g["configs"] or sum(len(c["points"]) for c in g["configs"]) < g["grid_points"]:
+        print(f"the stored grid is incomplete ({sum(len(c['points']) for c in g['configs'])} of "
+              f"{g['grid_points']} points): run --kinds grid again to finish it")
+    m = where_it_ran(Path(outputs) / f"{params.experiment}-grid")
+    obj = spec.objective
+
+    def answer(o: dict) -> str:
+        if "best" not in o:
+            return "none meets the SLO"
+        b = o["best"]
+        return f"`{b['knobs']}` at {b['users']} users, {b[obj]:,.1f} {obj}"
+
+    def row(name: str, o: dict) -> str:
+        measured = sum(1 for c in o["configs"] for q in c["points"] if "seconds" in q)
+        return (f"| {name} | {answer(o)} | {measured} | {o['engine_starts']} | "
+                f"{o['engine_s']:.0f} | {o['engine_s'] / max(g['engine_s'], 1e-9):.2f} |")
+
+    text = f"""# SLO search vs the full grid
+
+Command: `python benchmarks/slo_bench.py {' '.join(sys.argv[1:])}` ({m['hardware']},
+{m['vllm_package']}, Python {m['python_version']}, tunebook {m['tunebook_commit']},
+{time.strftime('%Y-%m-%d')}).
+SLO: {' and '.join(str(b) for b in bounds)}; objective {obj}; space: {len(spec.grid())} engine
+configs × {len(spec.users)} load levels; search: {spec.sampler}, {spec.startup} random configs
+first, budget {spec.to_dict().get('budget', 'none')}, baseline {spec.baseline}.
+
+| | answer | points run | engine starts | engine time s | ÷ grid |
+|---|---|---|---|---|---|
+{row("full grid", g)}
+"""
+    if s is not None:
+        text += row(f"live search ({spec.sampler}, seed {spec.seed})", s) + "\n"
+        same = ("best" in g) == ("best" in s) and (
+            "best" not in g or g["best"]["knobs"] == s["best"]["knobs"])
+        text += f"\nLive search: same config as the grid: **{'yes' if same else 'no'}**"
+        if not same and "best" in g and "best" in s:
+            pick = next((c for c in g["configs"] if c["knobs"] == s["best"]["knobs"]), None)
+            if pick is not None:  # the grid's own measurement of the search's pick
+                text += (f"; the grid measured its pick at {pick['score'] or 0:,.1f} {obj} "
+                         f"({(pick['score'] or 0) / g['best'][obj]:.2f}× the grid's best)")
+        text += f" (stopped: {s['stopped']}).\n"
+    base = g.get("baseline")
+    if base and "best" in g and base["knobs"] not in (g.get("missing_configs") or []):
+        bs = base.get(obj)
+        diff = {k: (base["knobs"][k], v) for k, v in g["best"]["knobs"].items()
+                if base["knobs"].get(k) != v}
+        text += ("\nBaseline (vLLM's defaults) in the grid: "
+                 + (f"{bs:,.1f} {obj} at {base['users']} users; the grid's answer serves "
+                    f"**{g['best'][obj] / bs:.2f}×** it at the same SLO"
+                    if bs else "meets the SLO at no load level")
+                 + (f"; the knobs that differ: {diff}" if diff else "") + ".\n")
+    noise: list[dict] = []
+    tolerance = args.tolerance
+    if args.noise_check and "best" in g:
+        picks = {"grid's answer": g["best"]}
+        if s is not None and "best" in s and s["best"]["knobs"] != g["best"]["knobs"]:
+            picks["live search's pick"] = s["best"]
+        if (base and base.get("users") and base["knobs"] != g["best"]["knobs"]
+                and not (s and "best" in s and base["knobs"] == s["best"]["knobs"])):
+            picks["baseline"] = base
+        with sigterm_as_exception():
+            noise = noise_check(params, Path(outputs), picks, args.noise_check, obj, bounds)
+        if tolerance is None and noise[0]["spread"] is not None:
+            tolerance = noise[0]["spread"]  # the grid answer's own run-to-run spread
+        text += f"""
+## Run-to-run noise ({args.noise_check} repeats of each at its best level, one engine each)
+
+Names: {', '.join(f"{n['name']} `{n['knobs']}`" for n in noise)}{
+            " (the live search's pick is the baseline)" if s and "best" in s and base
+            and s["best"]["knobs"] == base["knobs"] else ""}.
+
+| config | users | {obj}: each repeat | mean | spread (max−min)/mean | repeats meeting the SLO |
+|---|---|---|---|---|---|
+""" + "\n".join(f"| {n['name']} | {n['users']} | {n['values']} | {n['mean']} | "
+                f"{n['spread']} | {n['meets']}/{len(n['values'])} |" for n in noise) + "\n"
+    tolerance = 0.05 if tolerance is None else tolerance
+    reps: list[dict] = []
+    missing = g.get("missing_configs") or []
+    if missing:
+        text += (f"\n**Not measured**: {missing} (the device budget ran out; `--stored-only` "
+                 "rebuilt the grid from its stored points). Below, the grid's answer is over "
+                 "the configs measured; a replayed search that proposes a missing config "
+                 "gets nothing from it, at no cost.\n")
+    if args.replay:
+        rspec = spec
+        if spec.baseline and dict(spec.baseline) in missing:
+            rspec = dataclasses.replace(spec, baseline=None)  # it cannot be tried first
+            text += "\nThe baseline is not measured: the replays start without it.\n"
+        reps = replay(g, rspec, bounds, args.replay, tolerance)
+        ratios = sorted(r["ratio"] for r in reps)
+        n = len(reps)
+        source = ("the grid answer's run-to-run spread above" if noise and args.tolerance is None
+                  else "--tolerance")
+        text += f"""
+## The search replayed on the grid's points ({n} seeds)
+
+Each replay asks the grid's measurements instead of an engine and is charged what each point
+cost in the grid (its runs, plus its config's engine start once), so it shows the method's
+answer and cost on the same numbers. "Within noise": the grid scores the pick within
+{tolerance:.0%} of its best ({source}).
+
+| same config as the grid | within noise | engine time ÷ grid: median | p90 | max | configs started: median | max |
+|---|---|---|---|---|---|---|
+| {sum(r['same'] for r in reps)}/{n} | {sum(r['within'] for r in reps)}/{n} | {statistics.median(ratios):.2f} | {ratios[min(n - 1, int(0.9 * n))]:.2f} | {ratios[-1]:.2f} | {statistics.median(r['configs'] for r in reps):g} | {max(r['configs'] for r in reps)} |
+"""  # noqa: E501
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(text)
+    report.with_suffix(".json").write_text(json.dumps(
+        {"grid": g, "search": s, "replay": reps, "tolerance": tolerance,
+         "noise": noise}, indent=1,
+        default=str))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
