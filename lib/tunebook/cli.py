@@ -85,6 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tunebook.store import not_ok_rows
     from tunebook.sweep import Sweep
 
+    _ray(args)  # in the environment: the papermill kernel's sweep reads it
     params = preflight(args.params, _overrides(args.param))
     outputs = (args.outputs or config.outputs_dir()).resolve()
     sweep = Sweep(params, outputs, progress=False)
@@ -140,12 +141,33 @@ def cmd_render(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _ray(args: argparse.Namespace) -> None:
+    """`--ray [ADDRESS]`, `--ray-slots N`: through the environment, so a papermill kernel's
+    sweep sees them too (tunebook.sweep.RAY_ENV)."""
+    from tunebook.sweep import RAY_ENV, RAY_SLOTS_ENV
+
+    if getattr(args, "ray", None):
+        os.environ[RAY_ENV] = args.ray
+        if args.ray_slots:
+            os.environ[RAY_SLOTS_ENV] = str(args.ray_slots)
+
+
+def _add_ray(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                    help="run each engine config as a Ray task on a cluster (ADDRESS, e.g. "
+                         "ray://head:10001 or auto), or on a local one started here")
+    sp.add_argument("--ray-slots", type=int, default=None, metavar="N",
+                    help="engines at once on a local Ray cluster (CPU: cores are split "
+                         "between them; default 1)")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """The sweep alone, no notebook (what the notebook calls)."""
     from tunebook import index
     from tunebook.sweep import Sweep
 
     _wait(args)  # before the Sweep reads it
+    _ray(args)
     sweep = Sweep(_load(args), args.outputs or config.outputs_dir(), progress=not args.quiet,
                   on_finish=index.rebuild)
     if args.dry_run:
@@ -267,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-q", "--quiet", action="store_true")
     sp.add_argument("--wait", type=float, default=0, metavar="SECONDS",
                     help="wait this long for another sweep holding the machine (default: refuse)")
+    _add_ray(sp)
     _add_no_input(sp)
     sp.set_defaults(fn=cmd_run)
     sp = sub.add_parser("plan", help="print what would run (a dry run)")
@@ -278,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-q", "--quiet", action="store_true")
     sp.add_argument("--wait", type=float, default=0, metavar="SECONDS",
                     help="wait this long for another sweep holding the machine (default: refuse)")
+    _add_ray(sp)
     sp.set_defaults(fn=cmd_sweep)
     sp = sub.add_parser("tune", help="the config that serves the most within an SLO: an "
                                      "adaptive search (exit 0 found, 1 none meets the SLO)")

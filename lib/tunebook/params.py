@@ -81,7 +81,7 @@ PROBE_UNUSED_KEYS = ("num_prefixes", "prompts_per_user", "min_prompts", "num_pro
 TOP_KEYS = (
     "experiment", "notebook", "model", "description", "engine", "engine_grid", "engine_env",
     "load", "repeats", "max_runs", "max_prompts", "startup_timeout_s", "run_timeout_s", "figures",
-    "parts", "start_together", "figures_only", "layout", "slo", "search",
+    "parts", "start_together", "figures_only", "layout", "slo", "search", "executor",
 )
 # Keys that plan engines: a figures_only file has none of them.
 ENGINE_KEYS = ("engine", "engine_grid", "engine_env", "load", "parts", "start_together",
@@ -193,6 +193,9 @@ class SweepParams:
     parts: tuple[Part, ...] = ()  # several load shapes; empty: engine_grid × load
     # Engine configs started at once, then measured one at a time (tunebook.sweep).
     start_together: int = 1
+    # Where engine configs run: "local" (one at a time here), "ray" (a local Ray cluster) or
+    # "ray:ADDRESS" (a running one): tunebook.ray_sweep. Not part of any run id.
+    executor: str = "local"
     # True: the figures need no engine (chapter 6's layout helper): nothing is planned
     figures_only: bool = False
     # Fig 6.1's inputs (tunebook.layout.LayoutInputs fields + check_against, machine)
@@ -235,6 +238,8 @@ class SweepParams:
         }
         if self.start_together != 1:
             out["start_together"] = self.start_together
+        if self.executor != "local":
+            out["executor"] = self.executor
         if self.figures_only:
             out = {k: v for k, v in out.items() if k not in ENGINE_KEYS}
             out["figures_only"] = True
@@ -470,6 +475,14 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
     start_together = v.number(data, "start_together", int, 1, lo=1)
     together = start_together if isinstance(start_together, int) else 1
     figures_only = v.get(data, "figures_only", bool, default=False)
+    executor = v.get(data, "executor", str, default="local")
+    if isinstance(executor, str) and not (executor in ("local", "ray") or (
+            executor.startswith("ray:") and executor[4:].strip())):
+        v.err("executor", f"must be 'local', 'ray' (a local Ray cluster) or 'ray:ADDRESS' "
+                          f"(e.g. ray:auto), got {executor!r}")
+    elif executor != "local" and isinstance(start_together, int) and start_together > 1:
+        v.err("start_together", "is for engines sharing one machine; on Ray each engine "
+                                "config is its own task on its own GPUs: leave it out")
     if figures_only is True:
         for key in ENGINE_KEYS:
             if key in data:
@@ -519,6 +532,7 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
         repeats=repeats, max_runs=max_runs, max_prompts=max_prompts,
         startup_timeout_s=float(startup_timeout_s), run_timeout_s=float(run_timeout_s),
         figures=figures, parts=parts, start_together=start_together,
+        executor=executor if isinstance(executor, str) else "local",
         figures_only=figures_only is True, layout=layout, slo=slo_bounds, search=search,
         source=source,
     )

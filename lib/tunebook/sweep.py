@@ -60,6 +60,8 @@ from tunebook.params import SweepParams
 from tunebook.plan import EngineConfig, Plan, PlannedRun, Resume, make_plan
 from tunebook.store import Store, replace_atomic, stamp, utc_now, write_new
 
+RAY_ENV, RAY_SLOTS_ENV = "TUNEBOOK_RAY", "TUNEBOOK_RAY_SLOTS"  # `--ray [ADDRESS]`, slots
+
 
 class Terminated(BaseException):
     """SIGTERM, turned into an exception so `finally` blocks stop the engine."""
@@ -243,7 +245,9 @@ class Sweep:
                  retry_failed: bool = True, wait_s: float | None = None,
                  keeper: EngineKeeper | None = None,
                  on_finish: Callable[[Store], object] | None = None,
-                 record_inputs: bool = True, rebuild_table: bool = True):
+                 record_inputs: bool = True, rebuild_table: bool = True,
+                 only_runs: set[str] | None = None, machine_lock: bool = True,
+                 executor: Any | None = None):
         self.params = params
         self.plan = make_plan(params)
         self.store = Store(Path(outputs or config.outputs_dir()) / params.experiment)
@@ -256,6 +260,21 @@ class Sweep:
         # inputs and rebuilds the table once itself
         self.record_inputs = record_inputs
         self.rebuild_table = rebuild_table
+        # a Ray task's share of a sweep (tunebook.ray_sweep): only these runs; Ray's resources,
+        # not the machine lock, keep engines apart there
+        self.only_runs = only_runs
+        self.machine_lock = machine_lock
+        # runs elsewhere: tunebook.ray_sweep.RayExecutor (`--ray`, or TUNEBOOK_RAY in the env,
+        # which reaches a papermill kernel too)
+        address = os.environ.get(RAY_ENV) or (
+            {"ray": "local"}.get(params.executor) or params.executor.removeprefix("ray:")
+            if params.executor != "local" else None)
+        if executor is None and address and keeper is None:
+            from tunebook.ray_sweep import RayExecutor
+
+            executor = RayExecutor(None if address == "local" else address,
+                                   int(os.environ.get(RAY_SLOTS_ENV) or 0) or None)
+        self.executor = executor
         self.steps = StepTimes()
         self.client = ClientCache()  # one tokenizer load per sweep, not one per run
         # How long to wait for another sweep holding the machine (`--wait` sets the env var,
@@ -277,6 +296,11 @@ class Sweep:
         text = self.plan.describe(self.resume())
         if self.params.figures_only:
             text += "\nfigures only (figures_only: true): nothing to run, no engine starts"
+        if self.executor is not None:
+            text += ("\n\non Ray: one task per engine config, "
+                     + (f"cluster {self.executor.address}" if self.executor.address else
+                        f"a local cluster of {self.executor.slots or 1} engine slot(s)")
+                     + "; rows come back to this store (tunebook.ray_sweep)")
         n = self.params.start_together
         if n > 1:
             text += (f"\n\nstart_together: {n} engine configs start at once, then each is "
@@ -291,7 +315,8 @@ class Sweep:
             for e in self.plan.engines:
                 resolve_draft(e.knobs)
         self.store.check_writable()
-        machine = contextlib.nullcontext() if self.keeper else machine_lock(self.wait_s)
+        machine = (contextlib.nullcontext() if self.keeper or not self.machine_lock
+                   else machine_lock(self.wait_s))
         with experiment_lock(self.store.root), machine, sigterm_as_exception():
             if self.keeper:
                 self.keeper.hold_machine(self.wait_s)
@@ -318,7 +343,8 @@ class Sweep:
     def _run(self, models: dict[str, ModelRef]) -> SweepResult:
         with self.steps.time("resume (read stored runs)"):
             resume = self.resume()
-        todo = [r for r in self.plan.runs if r.run_id not in resume.done]
+        todo = [r for r in self.plan.runs if r.run_id not in resume.done
+                and (self.only_runs is None or r.run_id in self.only_runs)]
         rerun = [r for r in todo if r.run_id in resume.rerun]
         if rerun:  # said, not silent: these have ok results, from another vLLM
             old = sorted({v or "unrecorded" for r in rerun for v in resume.rerun[r.run_id]})
@@ -331,6 +357,14 @@ class Sweep:
         work = [(cfg, [r for r in todo if r.engine.id == cfg.id]) for cfg in self.plan.engines]
         work = [(cfg, runs) for cfg, runs in work if runs]
         together = 1 if self.keeper else self.params.start_together
+        if self.executor is not None and work:
+            try:
+                self.executor.run(self, work, result, bar)
+            finally:
+                bar.close()
+                if self.rebuild_table:
+                    self.store.rebuild_table()
+            return result
         if any(r.point.dataset != BLOCK_REUSE for r in todo):
             prefetch_client()  # imported while the first engine starts, at nice 19
         try:

@@ -1,0 +1,63 @@
+"""tunebook.ray_sweep's pieces that need no cluster: what a task asks Ray for, which cores a
+slot pins its engine to, the worker's environment, and `executor:` in params."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from tunebook import params as P
+from tunebook import ray_sweep as R
+
+BASE = {"experiment": "x", "model": "qwen3-tiny", "load": {"users": [1]}}
+
+
+def test_an_engine_asks_for_tensor_times_pipeline_gpus() -> None:
+    assert R.gpus_needed({}) == 1
+    assert R.gpus_needed({"tensor_parallel_size": 4, "pipeline_parallel_size": 2}) == 8
+
+
+def test_two_slots_hold_disjoint_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    held: list[R.Slot] = []
+    release = threading.Event()
+
+    def hold() -> None:
+        with R.claim_slot(2, tmp_path) as slot:
+            held.append(slot)
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    while not held:
+        pass
+    with R.claim_slot(2, tmp_path) as other:
+        assert {held[0].index, other.index} == {0, 1}
+        assert {held[0].cores, other.cores} == {"0-3", "4-7"}
+    release.set()
+    t.join()
+
+
+def test_the_worker_runs_its_share_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The task's sweep must not start Ray again (the driver's --ray travels in the env)."""
+    monkeypatch.setenv("TUNEBOOK_RAY", "local")
+    env = R.worker_env(R.Slot(1, "1"), tmp_path, gpu=False)
+    assert "TUNEBOOK_RAY" not in env and env["TUNEBOOK_STATE_DIR"] == str(tmp_path)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in R.worker_env(None, tmp_path, gpu=True) or \
+        os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+
+
+def test_executor_in_params() -> None:
+    p = P.parse({**BASE, "executor": "ray:auto"})
+    assert p.executor == "ray:auto" and P.parse(p.to_dict()).executor == "ray:auto"
+    assert "executor" not in P.parse(BASE).to_dict()
+    for bad, key in (("slurm", "executor"), ("ray:", "executor")):
+        with pytest.raises(P.ParamsError) as e:
+            P.parse({**BASE, "executor": bad})
+        assert key in str(e.value)
+    with pytest.raises(P.ParamsError, match="on Ray each engine config is its own task"):
+        P.parse({**BASE, "executor": "ray", "start_together": 2})
