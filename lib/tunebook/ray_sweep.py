@@ -210,23 +210,11 @@ class RayExecutor:
         for t in threads:
             t.start()
         open_tasks = len(threads)
-        try:  # a local cluster started here stops with the sweep (ray.shutdown below)
-            while open_tasks:
-                try:
-                    cfg, item = items.get(timeout=0.5)
-                except queue.Empty:
-                    continue
-                if item is None:
-                    open_tasks -= 1
-                    continue
-                self._take(sweep, cfg, item, result, bar)
-        except BaseException:
-            for _, gen in gens:
-                with contextlib.suppress(Exception):
-                    ray.cancel(gen)
-            # what the cancelled tasks still send (their interrupted rows, engine logs)
-            deadline = time.monotonic() + 90
-            while open_tasks and time.monotonic() < deadline:
+
+        def drain(until: float | None) -> None:
+            """Take what the tasks send until each has ended (or until `until`)."""
+            nonlocal open_tasks
+            while open_tasks and (until is None or time.monotonic() < until):
                 try:
                     cfg, item = items.get(timeout=0.5)
                 except queue.Empty:
@@ -235,6 +223,14 @@ class RayExecutor:
                     open_tasks -= 1
                 else:
                     self._take(sweep, cfg, item, result, bar)
+
+        try:  # a local cluster started here stops with the sweep (ray.shutdown below)
+            drain(None)
+        except BaseException:
+            for _, gen in gens:
+                with contextlib.suppress(Exception):
+                    ray.cancel(gen)
+            drain(time.monotonic() + 90)  # what the cancelled tasks still send
             raise
         finally:
             if not self.address:
