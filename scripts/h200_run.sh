@@ -24,15 +24,34 @@
 # Keep each call's steps under the 600 s limit with @N (e.g. @470/@540): a call killed by the
 # limit brings nothing back, so the tar below must have time to run. Leave 60 s: a step gets
 # up to 30 s after its SIGTERM (timeout -k) before the tar starts (@580 lost a whole call).
-# The experiments touched land in $OUT/h200.tgz; unpack it into outputs/h200/ here and render
+# The experiments touched land in $OUT/h200.tgz.NN; unpack them into outputs/h200/ here and render
 # HTML with `tunebook render` (no nbconvert on the device).
 set -uo pipefail
 ready=$(bash .devstage/install.sh | tail -1)
 [[ "$ready" == READY:* ]] || { echo "vLLM bundle not ready: $ready"; exit 1; }
 eval "${ready#READY: }"
-if [[ ! -d /tmp/site2/papermill ]]; then
+# What a call carried is put where it outlives the call (/tmp and /root stay while the machine
+# is warm; the checkout's ignored folders may not), so later calls need not carry it again:
+#   .whl/*.whl or .carry/whl/*.whl   -> /tmp/site2 (once)
+#   .carry/ray-*.tar.xz              -> /root/raysite (Ray for --ray: scripts/h200_ray_bundle.sh)
+#   .carry/*.tgz                     -> unpacked into the results folder (experiments to resume)
+#   .cache/models/_tokenizer         -> $TUNEBOOK_CACHE/_tokenizer
+# Results go to $TUNEBOOK_H200_OUT (default outputs/h200 of the device's checkout).
+shopt -s nullglob
+wheels=(.whl/*.whl .carry/whl/*.whl)
+if [[ ${#wheels[@]} -gt 0 && ! -f /tmp/site2/.installed ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-    --target /tmp/site2 .whl/*.whl || exit 1
+    --target /tmp/site2 "${wheels[@]}" || exit 1
+  touch /tmp/site2/.installed
+fi
+for bundle in .carry/ray-*.tar.xz; do
+  [[ -f /root/raysite/.installed ]] && continue
+  mkdir -p /root/raysite && tar xJf "$bundle" -C /root/raysite && touch /root/raysite/.installed
+done
+[[ -d /root/raysite ]] && PYTHONPATH="$PYTHONPATH:/root/raysite"
+export TUNEBOOK_CACHE="${TUNEBOOK_CACHE:-/root/tunebook-cache}"
+if [[ -d .cache/models/_tokenizer ]]; then
+  mkdir -p "$TUNEBOOK_CACHE" && cp -rn .cache/models/_tokenizer "$TUNEBOOK_CACHE/"
 fi
 export PYTHONPATH="$PYTHONPATH:/tmp/site2:$PWD/lib" PYTHONUNBUFFERED=1 TUNEBOOK_BATCH=1
 export TUNEBOOK_STATE_DIR=/tmp/tunebook-state
@@ -40,7 +59,12 @@ export TUNEBOOK_STATE_DIR=/tmp/tunebook-state
 gguf=/root/stash/SmolLM2-135M-Instruct.Q4_1.gguf
 [[ -f "$gguf" ]] && export TUNEBOOK_SMOLLM2_GGUF="$gguf"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-dest="$PWD/outputs/h200"
+dest="${TUNEBOOK_H200_OUT:-$PWD/outputs/h200}"
+stamp=$(mktemp); touch "$stamp"  # what is newer came from this call
+sleep 1
+mkdir -p "$dest"
+for tgz in .carry/*.tgz; do tar xzf "$tgz" -C "$dest"; done
+shopt -u nullglob
 touched=()
 rc=0
 for step in "$@"; do
@@ -75,5 +99,9 @@ for step in "$@"; do
   [[ $r -gt $rc ]] && rc=$r
 done
 mapfile -t uniq < <(printf '%s\n' "${touched[@]}" | sort -u)
-tar czf "$OUT/h200.tgz" --exclude=.lock -C "$dest" "${uniq[@]}" && ls -la "$OUT"
+# Only what this call wrote comes back (a call returns files of 16 MiB at most): h200.tgz,
+# split into h200.tgz.NN when larger; `cat h200.tgz* | tar xz -C outputs/h200` here.
+(cd "$dest" && find "${uniq[@]}" -type f -newer "$stamp" ! -name .lock) > /tmp/h200-files
+tar czf /tmp/h200.tgz -C "$dest" -T /tmp/h200-files \
+  && split -b 15M -d /tmp/h200.tgz "$OUT/h200.tgz." && ls -la "$OUT"
 exit $rc

@@ -1,0 +1,77 @@
+"""How the search's stopping rule trades engine time for the answer (issue 15), on stored grids.
+
+Replays the search (benchmarks/slo_bench.replay) on the points a grid measured, for each
+`budget.patience` given and each seed, and writes one table row per patience: how often the
+pick is the grid's config or within its noise, and the engine time it would have cost ÷ the
+grid's. Starts no engine: it reads the grid summary that slo_bench wrote (benchmark.json).
+A search spends at least baseline + random start + patience engine starts, so on a small
+space (few configs, starts dominating) its floor is a large share of the grid; this shows it.
+
+    .venv/bin/python benchmarks/slo_patience.py params/slo.yaml outputs/cpu/slo-bench
+    .venv/bin/python benchmarks/slo_patience.py params/slo-h200.yaml outputs/h200/slo-bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "lib"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from slo_bench import replay  # noqa: E402
+
+from tunebook import params as P  # noqa: E402
+from tunebook import slo  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("params", type=Path)
+    ap.add_argument("folder", type=Path, help="slo_bench's --out folder (its benchmark.json)")
+    ap.add_argument("--patience", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap.add_argument("--seeds", type=int, default=50)
+    args = ap.parse_args()
+    params = P.load(args.params)
+    bounds = slo.parse_slo(list(params.slo))
+    spec = slo.parse_search(params.search, params.load.users)
+    stored = json.loads((args.folder / "benchmark.json").read_text())
+    grid, tolerance = stored["grid"], stored["tolerance"]
+    missing = grid.get("missing_configs") or []
+    if spec.baseline and dict(spec.baseline) in missing:
+        spec = dataclasses.replace(spec, baseline=None)
+    lines = [
+        f"# The search's patience vs its cost, replayed on `{args.folder.as_posix()}`", "",
+        f"Command: `python benchmarks/slo_patience.py {' '.join(sys.argv[1:])}`. Space: "
+        f"{len(spec.grid())} engine configs ({len(spec.grid()) - len(missing)} measured) × "
+        f"{len(spec.users)} load levels; random start {spec.startup} configs; baseline "
+        f"{'tried first' if spec.baseline else 'not measured, so not tried'}. Within noise: "
+        f"the grid scores the pick within {tolerance:.0%} of its best (as in benchmark.md). "
+        f"{args.seeds} seeds per row.", "",
+        "| patience | same config as the grid | within noise | engine time ÷ grid: median "
+        "| p90 | max | configs started: median | max |",
+        "|---|---|---|---|---|---|---|---|"]
+    for patience in args.patience:
+        reps = replay(grid, dataclasses.replace(spec, patience=patience), bounds, args.seeds,
+                      tolerance)
+        ratios = sorted(r["ratio"] for r in reps)
+        n = len(reps)
+        lines.append(
+            f"| {patience} | {sum(r['same'] for r in reps)}/{n} | "
+            f"{sum(r['within'] for r in reps)}/{n} | {statistics.median(ratios):.2f} | "
+            f"{ratios[min(n - 1, int(0.9 * n))]:.2f} | {ratios[-1]:.2f} | "
+            f"{statistics.median(r['configs'] for r in reps):g} | "
+            f"{max(r['configs'] for r in reps)} |")
+    text = "\n".join(lines) + "\n"
+    (args.folder / "patience.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
