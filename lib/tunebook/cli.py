@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tunebook import config
+from tunebook import config, peer
 from tunebook import params as P
 from tunebook.models import PRESETS, ModelNotFoundError, resolve_model
 from tunebook.schema import SchemaVersionError
@@ -354,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (P.ParamsError, ModelNotFoundError, SchemaVersionError) as e:
+    except (P.ParamsError, ModelNotFoundError, SchemaVersionError,
+            peer.EngineNotInstalledError) as e:
         print(f"tunebook: {e}", file=sys.stderr)
         return EXIT_BAD_PARAMS
     except SweepLockedError as e:

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -37,7 +38,7 @@ from typing import Any
 
 import psutil
 
-from tunebook import compile_cache, config
+from tunebook import compile_cache, config, peer
 from tunebook import knobs as knob_table
 from tunebook.hardware import machine
 from tunebook.models import PRESETS, ModelRef, resolve_model, weights_gib_estimate
@@ -133,6 +134,9 @@ def resolve_draft(knobs: dict[str, Any]) -> dict[str, Any]:
 
 def build_argv(model: ModelRef, knobs: dict[str, Any], port: int,
                python: str = sys.executable, prompt_tokens_details: bool = False) -> list[str]:
+    if peer.kind_of(knobs) == peer.SGLANG:  # the peer engine (tunebook.peer maps the knobs)
+        return peer.sglang_argv(python, model.path_or_id, model.tokenizer, model.load_format,
+                                SERVED_NAME, HOST, port, knobs)
     argv = [python, "-m", SERVER_MODULE, "--model", model.path_or_id,
             "--served-model-name", SERVED_NAME, "--host", HOST, "--port", str(port)]
     if model.tokenizer and model.tokenizer != model.path_or_id:
@@ -145,6 +149,21 @@ def build_argv(model: ModelRef, knobs: dict[str, Any], port: int,
 
 
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+# Set by tunebook.ray_sweep for the sweep a Ray task runs: Ray kills a task's child processes
+# with SIGKILL when its driver dies, and an engine in its own session would outlive them.
+DIE_WITH_PARENT_ENV = "TUNEBOOK_ENGINE_DIES_WITH_PARENT"
+
+
+def _die_with_parent() -> None:
+    """In the engine's child before exec (Linux): SIGTERM when the process that started it
+    dies (vLLM's server then stops its engine core)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 # Where tunebook.vllm_hooks' BlockTableScheduler writes its steps (the same name there: that
 # module imports vLLM, so tunebook never imports it).
 BLOCK_TABLE_ENV = "TUNEBOOK_BLOCK_TABLE_LOG"
@@ -335,6 +354,11 @@ class Engine:
         self.stop()
 
     @property
+    def kind(self) -> str:
+        """The server this engine starts: vLLM, or the peer (tunebook.peer)."""
+        return peer.kind_of(self.knobs)
+
+    @property
     def base_url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
@@ -360,6 +384,7 @@ class Engine:
             self.proc = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, start_new_session=True, close_fds=True,
+                preexec_fn=_die_with_parent if os.environ.get(DIE_WITH_PARENT_ENV) else None,
             )
         _LIVE.add(self)
         self._pidfile = _PidFile.write(self.proc.pid, self.port, self.log_path)
@@ -372,8 +397,12 @@ class Engine:
         with open(self.log_path, "ab") as log:
             log.write(ready_line(self.startup_s).encode())
         text = self.log_text()
-        self.facts = parse_startup(text)
-        self.phases = parse_phases(text, self.startup_s)
+        if self.kind == peer.SGLANG:
+            self.facts = peer.parse_startup(text)
+            self.phases = None  # the phases are cut at vLLM's log lines
+        else:
+            self.facts = parse_startup(text)
+            self.phases = parse_phases(text, self.startup_s)
         self.process_tree = self.snapshot_process_tree()
         return self.facts
 
@@ -389,6 +418,10 @@ class Engine:
             env.pop(name, None)
         if self.options.dev_mode:  # only when asked: never inherited from the shell
             env[DEV_MODE_ENV] = "1"
+        if self.kind == peer.SGLANG:  # its launcher shim is tunebook's; it hands on the key
+            env[peer.KEY_ENV] = self.api_key
+            env["PYTHONPATH"] = os.pathsep.join(
+                x for x in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")) if x)
         env[BLOCK_TABLE_ENV] = str(self.block_table_path)  # read only by tunebook's scheduler
         return env
 
@@ -438,8 +471,11 @@ class Engine:
         raise EngineStartError(diag, self.log_path, self.log_tail(text=text))
 
     def _health(self) -> bool:
+        # SGLang checks the key on /health too; vLLM ignores it there
+        req = urllib.request.Request(f"{self.base_url}/health",
+                                     headers={"Authorization": f"Bearer {self.api_key}"})
         try:
-            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as r:
+            with urllib.request.urlopen(req, timeout=2) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError, ValueError):
             return False
@@ -477,12 +513,20 @@ class Engine:
         while blocks are still held (a request finishing); that is retried, with a doubling
         wait (0.5 + 1 + 2 + 4 s over 5 attempts). Never raises: the result says what happened."""
         detail = ""
+        path = "/flush_cache" if self.kind == peer.SGLANG else "/reset_prefix_cache"
         for attempt in range(1, attempts + 1):
             try:
-                status, body = self.request("POST", "/reset_prefix_cache", timeout_s=30.0)
+                status, body = self.request("POST", path, timeout_s=30.0)
             except EngineRequestError as e:
                 return ResetResult(False, attempt, str(e))
             text = body.decode(errors="replace").strip()[:200]
+            if self.kind == peer.SGLANG:  # 200 when flushed, 400 while requests run
+                if status == 200:
+                    return ResetResult(True, attempt, text or "HTTP 200")
+                detail = f"HTTP {status}: {text}"
+                if attempt < attempts:
+                    time.sleep(wait_s * 2 ** (attempt - 1))
+                continue
             if status == 404:
                 why = ("the server has no /reset_prefix_cache: it was not started in dev mode "
                        f"({DEV_MODE_ENV}=1)" if not self.options.dev_mode

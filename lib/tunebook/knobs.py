@@ -80,6 +80,7 @@ _PANEL_BOOL = dict(types=bool, allowed="true or false", panel="choice", panel_ch
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
 QUANTIZATIONS = ("fp8", "awq", "gptq", "compressed-tensors", "modelopt", "mxfp4")
+ENGINE_KINDS = ("vllm", "sglang")  # tunebook.peer.ENGINE_KINDS reads this one
 
 _TABLE: tuple[Knob, ...] = (
     Knob("max_num_seqs", example=8, panel="int", **_POS_INT),
@@ -124,6 +125,9 @@ _TABLE: tuple[Knob, ...] = (
           "kv_connector_extra_config": {"shared_storage_path": "kv-store"}},
          check=lambda v: isinstance(v.get("kv_connector"), str)
          and v.get("kv_role") in ("kv_producer", "kv_consumer", "kv_both")),
+    # Not a flag: which server a config starts — vLLM, or SGLang as a peer on the same client
+    # (tunebook.peer maps the other knobs onto SGLang's flags and refuses what has no match).
+    Knob("engine_kind", str, _one_of(ENGINE_KINDS), "vllm", choices=ENGINE_KINDS, flag=False),
     # Not a flag: an engine_grid entry may swap the model (compare models in one experiment).
     Knob("model", str, "a preset, a local folder or a hub id", "qwen3-tiny",
          check=lambda v: bool(v.strip()), flag=False),

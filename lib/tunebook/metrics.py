@@ -48,8 +48,10 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "prefix_cache_query_tokens": ("vllm:prefix_cache_queries_total",
                                   "vllm:gpu_prefix_cache_queries_total"),
     "preemptions": ("vllm:num_preemptions_total",),
-    "engine_prompt_tokens": ("vllm:prompt_tokens_total",),
-    "engine_generation_tokens": ("vllm:generation_tokens_total",),
+    # SGLang's names (a peer engine, tunebook.peer) read into the same columns
+    "engine_prompt_tokens": ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total"),
+    "engine_generation_tokens": ("vllm:generation_tokens_total",
+                                 "sglang:generation_tokens_total"),
     # speculative decoding: present only when the engine speculates
     "spec_drafts": ("vllm:spec_decode_num_drafts_total",),
     "spec_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total",),
@@ -63,9 +65,10 @@ SPEC_COLUMNS = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens",
 # gauge -> (vLLM sample names, how series of several engines combine: requests add up, the
 # KV-cache usage of the fullest engine is what limits)
 GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
-    "running_requests": (("vllm:num_requests_running",), "sum"),
-    "waiting_requests": (("vllm:num_requests_waiting",), "sum"),
-    "kv_cache_usage": (("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), "max"),
+    "running_requests": (("vllm:num_requests_running", "sglang:num_running_reqs"), "sum"),
+    "waiting_requests": (("vllm:num_requests_waiting", "sglang:num_queue_reqs"), "sum"),
+    "kv_cache_usage": (("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
+                        "sglang:token_usage"), "max"),
 }
 # the row's maxima during the run (the gauge above, named for what it is)
 MAXIMA: dict[str, str] = {

@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from tunebook import disagg, knobs, models
+from tunebook import disagg, knobs, models, peer
 from tunebook.engine import DEV_MODE_ENV
 from tunebook.load import BLOCK_REUSE, DATASETS, PROMPT_DATASETS
 from tunebook.prompts import MIN_INPUT_LEN
@@ -992,6 +992,9 @@ def _config_problems(cfg: dict[str, Any], together: int = 1) -> list[tuple[str, 
     their keys prefixed `disaggregate.<role>.`), and what the pair itself cannot do."""
     out = disagg.pair_problems(cfg)
     pair = disagg.is_pair(cfg)  # its two engines start side by side: pinned pools are welcome
+    if pair and any(peer.kind_of(role) != peer.VLLM for _, role in disagg.engines_of(cfg)):
+        out.append(("engine_kind", "a disaggregated pair is two vLLM engines joined by vLLM's "
+                                   "KV connector: SGLang cannot be one of them"))
     for prefix, role in disagg.engines_of(cfg):
         out += [(prefix + k, m) for k, m in _engine_problems(role, max(together, 2 * pair))]
     return out
@@ -1000,9 +1003,9 @@ def _config_problems(cfg: dict[str, Any], together: int = 1) -> list[tuple[str, 
 def _engine_problems(cfg: dict[str, Any], together: int = 1) -> list[tuple[str, str]]:
     """Cross-field rules vLLM would otherwise only report after a minute of start-up, as
     (knob key, message) pairs."""
-    out = []
+    out = peer.problems(cfg)  # a knob SGLang has no equivalent for (engine_kind: sglang)
     spec = cfg.get("speculative_config")
-    if isinstance(spec, dict):
+    if isinstance(spec, dict) and peer.kind_of(cfg) == peer.VLLM:
         method = spec.get("method")
         methods = knobs.SPEC_METHODS
         if method not in methods:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunebook import disagg, knobs, schema
+from tunebook import disagg, knobs, peer, schema
 from tunebook.load import LoadPoint
 from tunebook.params import SweepParams
 
@@ -139,8 +139,9 @@ class Plan:
             if disagg.is_pair(e.knobs):
                 serve = "".join(f"\n  {line}" for line in disagg.describe(e.knobs, knobs.argv))
             else:
-                flags = " ".join(knobs.argv(e.knobs)) or "(vLLM defaults)"
-                serve = f"\n  vllm serve {e.model} {flags}"
+                serve = "\n  " + peer.serve_command(e.model, e.knobs) + (
+                    "" if knobs.argv(e.knobs) or peer.kind_of(e.knobs) != peer.VLLM
+                    else " (vLLM defaults)")
             lines.append(f"\n[{e.id}] {e.label}{serve}" + (f"\n  env: {env}" if env else ""))
             for r in self.runs_for(e):
                 p = r.point

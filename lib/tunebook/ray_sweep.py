@@ -42,6 +42,7 @@ from typing import Any
 import yaml
 
 from tunebook import config, schema
+from tunebook.engine import DIE_WITH_PARENT_ENV
 from tunebook.store import write_new
 
 SLOT_RESOURCE = "tunebook_engine_slot"
@@ -95,7 +96,8 @@ def worker_env(slot: Slot | None, state_dir: Path, gpu: bool) -> dict[str, str]:
     its slot), the driver's API key (vLLM 0.26 hashes it into compile caches), its cores."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("TUNEBOOK_RAY", "TUNEBOOK_RAY_SLOTS")}  # the task's sweep runs here
-    env.update({config.STATE_DIR_ENV: str(state_dir), "TUNEBOOK_BATCH": "1"})
+    env.update({config.STATE_DIR_ENV: str(state_dir), "TUNEBOOK_BATCH": "1",
+                DIE_WITH_PARENT_ENV: "1"})  # a driver killed hard leaves no engine running
     if slot is not None and not gpu and slot.cores is not None:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", slot.cores)
     return env
@@ -165,11 +167,18 @@ class RayExecutor:
         import ray
 
         if not ray.is_initialized():
+            # ray.init installs Ray's C++ failure handler for SIGTERM, which logs and aborts:
+            # the driver would die without cancelling a task or stopping an engine. Put back
+            # the handlers it had (the sweep's: SIGTERM -> Terminated, Ctrl-C -> interrupt).
+            handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
             if self.address:
                 ray.init(address=self.address, log_to_driver=False)
             else:  # a local cluster: one slot unless told (CPU: engines must not share cores)
                 ray.init(resources={SLOT_RESOURCE: float(self.slots or 1)},
                          include_dashboard=False, log_to_driver=False)
+            for sig, handler in handlers.items():
+                if handler is not None and threading.current_thread() is threading.main_thread():
+                    signal.signal(sig, handler)
         total = ray.cluster_resources().get(SLOT_RESOURCE, 0.0)
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         per_node = [n["Resources"].get(SLOT_RESOURCE, 0.0) for n in nodes]

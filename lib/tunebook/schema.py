@@ -210,6 +210,8 @@ COLUMNS: tuple[Column, ...] = (
     # --- engine start-up facts (Fig 1.1), parsed from the engine log ---------------------
     _C("vllm_version", "string", "vLLM version the engine reported"),
     _C("model_runner", "string", "'V1' or 'V2' model runner"),
+    _C("sglang_version", "string", "SGLang version of a peer-engine row (engine_kind sglang; "
+                                   "its other start-up facts share vLLM's columns)"),
     _C("attention_backend", "string", "attention backend vLLM chose, e.g. FLASH_ATTN, CPU_ATTN"),
     _C("weights_gib", "float64", "memory the weights took, GiB ('Model loading took')"),
     _C("kv_cache_gib", "float64", "memory given to the KV cache, GiB"),

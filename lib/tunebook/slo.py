@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunebook import knobs as knob_table
-from tunebook import schema
+from tunebook import peer, schema
 
 Row = Mapping[str, Any]
 Evaluate = Callable[[dict[str, Any], int], Row]
@@ -547,5 +547,6 @@ def full_grid(evaluate: Evaluate, spec: SearchSpec, bounds: Sequence[Bound]) -> 
 
 
 def serve_command(model: str, base: Mapping[str, Any], knobs: Mapping[str, Any]) -> str:
-    """The config as a `vllm serve` command line (what to run in production)."""
-    return " ".join(["vllm serve", model, *knob_table.argv({**base, **knobs})])
+    """The config as a command line (what to run in production): `vllm serve …`, or SGLang's
+    when the search's space holds engine_kind."""
+    return peer.serve_command(model, {**base, **knobs})

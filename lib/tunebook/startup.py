@@ -87,6 +87,7 @@ class StartupFacts:
     activation_peak_gib: float | None = None
     non_torch_gib: float | None = None
     cuda_graph_gib: float | None = None
+    sglang_version: str | None = None  # a peer engine's row (tunebook.peer parses its log)
 
     @property
     def memory_taken_gib(self) -> float | None:
@@ -213,15 +214,18 @@ RULES: list[Rule] = []
 
 
 def rule(name: str, *patterns: str, symptom: str, setting: str | None = None,
-         computes: str = "", fallback: bool = False) -> Callable[[DiagnoseFn], DiagnoseFn]:
+         computes: str = "", fallback: bool = False,
+         first: bool = False) -> Callable[[DiagnoseFn], DiagnoseFn]:
     """Register `fn(line, start) -> Diagnosis | None` as a rule; a duplicate name is refused.
-    `line` is the last log line matching one of `patterns` (None for a pattern-less rule)."""
+    `line` is the last log line matching one of `patterns` (None for a pattern-less rule).
+    `first`: ahead of every rule so far (an engine's own wording beats the generic rules that
+    would also match its traceback, e.g. "CUDA out of memory" inside a graph-capture error)."""
 
     def register(fn: DiagnoseFn) -> DiagnoseFn:
         if any(r.name == name for r in RULES):
             raise ValueError(f"failed-start rule {name!r} is already registered")
         r = Rule(name, tuple(patterns), symptom, setting, computes, fn, fallback)
-        at = len(RULES) if fallback else next(
+        at = 0 if first else len(RULES) if fallback else next(
             (i for i, x in enumerate(RULES) if x.fallback), len(RULES))
         RULES.insert(at, r)
         return fn
@@ -401,9 +405,16 @@ def _bad_flag(line: str | None, start: FailedStart) -> Diagnosis:
                      "vLLM version", None, None)
 
 
+_PEER_MODULE = re.compile(r"No module named '(?:sglang|sgl_kernel|flashinfer)")
+
+
 @rule("missing_module", r"No module named|ImportError|ModuleNotFoundError",
-      symptom="vLLM could not import a module", computes="none: reinstall")
+      symptom="the engine could not import a module", computes="none: reinstall")
 def _missing_module(line: str | None, start: FailedStart) -> Diagnosis:
+    if line and _PEER_MODULE.search(line):  # the peer engine (tunebook.peer) is not staged
+        return Diagnosis("SGLang or its kernels are not installed for this Python", line,
+                         "stage SGLang's bundle (scripts/sglang_bundle.sh; its install.sh "
+                         "prints the PYTHONPATH to export)", None, None)
     return Diagnosis("vLLM could not import a module", line,
                      "the environment is incomplete: reinstall (make install)", None, None)
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from tunebook import config, disagg, hardware, probe, schema
+from tunebook import config, disagg, hardware, peer, probe, schema
 from tunebook import metrics as engine_metrics
 from tunebook.engine import (
     Engine,
@@ -314,6 +314,8 @@ class Sweep:
             models = {e.model: resolve_model(e.model) for e in self.plan.engines}
             for e in self.plan.engines:
                 resolve_draft(e.knobs)
+            if self.executor is None:  # on Ray the node that runs a config must have it
+                peer.require_installed([e.knobs for e in self.plan.engines])
         self.store.check_writable()
         machine = (contextlib.nullcontext() if self.keeper or not self.machine_lock
                    else machine_lock(self.wait_s))

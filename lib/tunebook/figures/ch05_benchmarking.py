@@ -6,8 +6,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from tunebook import charts, stats
-from tunebook.evidence import DIFFERS, HOLDS, NOT_MEASURED, Claim, Evidence
+from tunebook import charts, peer, stats
+from tunebook.evidence import CANNOT, DIFFERS, HOLDS, NOT_MEASURED, Claim, Evidence
 from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
 from tunebook.manual import result, setting
 
@@ -16,10 +16,11 @@ CHAPTER = chapter(
     """A benchmark's headline number is a choice. This notebook runs one engine config through a
 concurrency sweep past saturation and marks, on each curve, the throughput peak and the latency
 knee: they are different points, and which one a report quotes changes what a reader concludes.
-Figs 5.2 and 5.3 (SGLang beside vLLM on the same client) need a peer engine and a GPU.
+Figs 5.2 and 5.3 put SGLang beside vLLM on the same client (`engine_kind: sglang`,
+tunebook.peer); SGLang has no CPU build, so on a CPU they say so.
 
 `tunebook run params/ch05.yaml` runs it on the embedded CPU default; `params/ch05-h200.yaml` on a
-GPU.""")
+GPU, `params/ch05-peer-h200.yaml` vLLM and SGLang there.""")
 
 
 @figure("5.1")
@@ -75,6 +76,45 @@ class PeakIsNotKnee(FigureUnit):
         return charts.beside(charts.curves(ev.df, self.plot), self.reference_panel())
 
 
+def peer_table(ev: Evidence) -> pd.DataFrame:
+    """vLLM beside SGLang at each load both were measured at (same model, same client): per
+    users, each engine's output tok/s and P99 inter-token gap, and vLLM ÷ SGLang of each.
+    The engine is the `engine_kind` column (absent or 'vllm': vLLM)."""
+    cols = ["users", "vllm_output_tok_s", "sglang_output_tok_s", "output_ratio",
+            "output_diff_pct", "vllm_p99_itl_ms", "sglang_p99_itl_ms", "p99_itl_ratio"]
+    ok = ev.ok
+    if ok.empty or "engine_kind" not in ok.columns or "max_concurrency" not in ok.columns:
+        return pd.DataFrame(columns=cols)
+    kind = ok["engine_kind"].astype("string").fillna(peer.VLLM)
+    per = {k: ok[kind == k].groupby("max_concurrency")[["output_tok_s", "p99_itl_ms"]].median()
+           for k in (peer.VLLM, peer.SGLANG)}
+    both = per[peer.VLLM].merge(per[peer.SGLANG], left_index=True, right_index=True,
+                                suffixes=("_v", "_s"))
+    if both.empty:
+        return pd.DataFrame(columns=cols)
+    t = pd.DataFrame({
+        "users": both.index.astype(int),
+        "vllm_output_tok_s": both["output_tok_s_v"].to_numpy(),
+        "sglang_output_tok_s": both["output_tok_s_s"].to_numpy(),
+        "vllm_p99_itl_ms": both["p99_itl_ms_v"].to_numpy(),
+        "sglang_p99_itl_ms": both["p99_itl_ms_s"].to_numpy()})
+    t["output_ratio"] = t["vllm_output_tok_s"] / t["sglang_output_tok_s"]
+    t["output_diff_pct"] = (t["output_ratio"] - 1).abs() * 100
+    t["p99_itl_ratio"] = t["vllm_p99_itl_ms"] / t["sglang_p99_itl_ms"]
+    return t[cols].sort_values("users").reset_index(drop=True)
+
+
+def _no_peer(unit: FigureUnit, ev: Evidence) -> Claim:
+    """The verdict when no load has rows of both engines."""
+    if not ev.on_gpu:
+        return unit.verdict(ev, "not run", CANNOT,
+                            "SGLang has no CPU build: the peer runs on a GPU machine "
+                            "(params/ch05-peer-h200.yaml, scripts/sglang_bundle.sh)")
+    return unit.verdict(ev, "no load with both engines", NOT_MEASURED,
+                        "needs rows of vLLM and of SGLang (engine_kind: sglang) at the same "
+                        "users")
+
+
 @figure("5.2")
 class SameOutputAsSglang(FigureUnit):
     title = "vLLM and SGLang write the same output"
@@ -85,6 +125,34 @@ class SameOutputAsSglang(FigureUnit):
     )
     note = "'the same output' most likely means output throughput; the claim does not say."
     needs = Needs(gpu=True, peer_engine="SGLang")
+    narrative = ("The same random-weight model (one config.json, one tokenizer: both engines "
+                 "read the same folder) served by vLLM and by SGLang, loaded by vLLM's own "
+                 "benchmark client through the same OpenAI completions endpoint, users 1 → 64. "
+                 "Output tok/s of each engine per load, and how far apart they are.")
+    plot = charts.Curves(y="output_tok_s")
+
+    def table(self, ev: Evidence) -> pd.DataFrame:
+        return peer_table(ev)
+
+    def rule(self, ev: Evidence) -> Claim:
+        """Holds when, at every load up to the manual's 32 users measured on both engines,
+        vLLM's output tok/s is within 3% of SGLang's (|vLLM ÷ SGLang − 1| ≤ 0.03); differs
+        otherwise, naming the load with the largest gap."""
+        t = self.table(ev)
+        cap = self.ref("max_users").value
+        t = t[t["users"] <= cap]
+        if t.empty:
+            return _no_peer(self, ev)
+        worst = t.loc[t["output_diff_pct"].idxmax()]
+        bound = self.ref("output_diff_pct_vllm_vs_sglang_max").value
+        text = (f"largest gap {worst.output_diff_pct:.1f}% at {int(worst.users)} users "
+                f"(vLLM {worst.vllm_output_tok_s:,.0f} vs SGLang "
+                f"{worst.sglang_output_tok_s:,.0f} tok/s), over {len(t)} loads ≤ {cap:g} users")
+        holds = worst.output_diff_pct <= bound
+        return self.verdict(ev, text, HOLDS if holds else DIFFERS,
+                            f"every load within {bound:g}%" if holds
+                            else f"{worst.output_diff_pct:.1f}% > {bound:g}%",
+                            float(worst.output_diff_pct), bound)
 
 
 @figure("5.3")
@@ -96,3 +164,26 @@ class TokenGapVsSglang(FigureUnit):
         setting("users", 32, "users", "concurrent users of the measurement"),
     )
     needs = Needs(gpu=True, peer_engine="SGLang")
+    narrative = ("The same two engines as Fig 5.2: the 99th percentile gap between two tokens "
+                 "of one stream (P99 ITL), per load. The manual's claim is at 32 users.")
+    plot = charts.Curves(y="p99_itl_ms")
+
+    def table(self, ev: Evidence) -> pd.DataFrame:
+        return peer_table(ev)
+
+    def rule(self, ev: Evidence) -> Claim:
+        """At the manual's 32 users (else the measured load nearest to it, said so): holds
+        when vLLM's P99 inter-token gap is more than twice SGLang's (vLLM ÷ SGLang > 2);
+        differs otherwise."""
+        t = self.table(ev)
+        if t.empty:
+            return _no_peer(self, ev)
+        want = self.ref("users").value
+        r = t.loc[(t["users"] - want).abs().idxmin()]
+        at = f"{int(r.users)} users" + ("" if r.users == want else f" (nearest to {want:g})")
+        ratio = float(r.p99_itl_ratio)
+        ref = self.ref("p99_itl_ratio_vllm_vs_sglang_32_users").value
+        text = (f"P99 ITL vLLM {r.vllm_p99_itl_ms:.1f} ms vs SGLang {r.sglang_p99_itl_ms:.1f} ms"
+                f" at {at}: {ratio:.2f}×")
+        return self.verdict(ev, text, HOLDS if ratio > ref else DIFFERS,
+                            f"{ratio:.2f}× {'>' if ratio > ref else '≤'} {ref:g}×", ratio, ref)

@@ -1,0 +1,202 @@
+"""The peer engine (tunebook.peer, issue 17) where no SGLang is needed: the knob mapping and
+its refusals, engine_kind validated like every knob before anything starts, the launcher
+shim that keeps the API key off the command line, and Figs 5.2/5.3's rules on SYNTHETIC rows
+(made-up numbers with known answers, not measurements). SGLang has no CPU build: on this
+machine a config of it is refused before any engine starts, and the peer figures say so."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import LIB
+from tunebook import figures, peer
+from tunebook import params as P
+from tunebook.engine import build_argv
+from tunebook.evidence import CANNOT, DIFFERS, HOLDS, NOT_MEASURED, Evidence
+from tunebook.models import ModelRef
+from tunebook.plan import make_plan
+from tunebook.sweep import Sweep
+
+BASE = {"experiment": "x", "model": "qwen3-tiny", "load": {"users": [1]}}
+
+
+def _problems(**grid_entry) -> str:
+    with pytest.raises(P.ParamsError) as e:
+        P.parse({**BASE, "engine_grid": [{}, grid_entry]})
+    return str(e.value)
+
+
+def test_knobs_map_onto_sglang_flags() -> None:
+    flags = peer.sglang_flags({"engine_kind": "sglang", "max_num_seqs": 8,
+                               "max_num_batched_tokens": 2048, "max_model_len": 4096,
+                               "gpu_memory_utilization": 0.85, "enforce_eager": True,
+                               "enable_prefix_caching": False, "kv_cache_dtype": "fp8",
+                               "quantization": "fp8", "attention_backend": "TRITON_ATTN"})
+    assert flags == ["--max-running-requests", "8", "--chunked-prefill-size", "2048",
+                     "--max-prefill-tokens", "2048", "--context-length", "4096",
+                     "--mem-fraction-static", "0.85", "--cuda-graph-backend-decode", "disabled",
+                     "--cuda-graph-backend-prefill", "disabled", "--disable-radix-cache",
+                     "--kv-cache-dtype", "fp8_e4m3", "--quantization", "fp8",
+                     "--attention-backend", "triton"]
+    # vLLM's defaults are SGLang's defaults: no flag
+    assert peer.sglang_flags({"enforce_eager": False, "enable_prefix_caching": True,
+                              "enable_chunked_prefill": True, "seed": None}) == []
+    assert peer.sglang_flags({"enable_chunked_prefill": False}) == ["--chunked-prefill-size",
+                                                                   "-1"]
+    # every knob of the table is mapped or refused with a reason, none silently dropped
+    from tunebook.knobs import KNOBS
+    assert set(KNOBS) == set(peer.SGLANG_FLAGS) | set(peer.REFUSED) | {"engine_kind", "model"}
+
+
+def test_knobs_without_an_sglang_equivalent_are_refused_before_a_start() -> None:
+    text = _problems(engine_kind="sglang", kv_cache_memory_bytes=2**30)
+    assert "engine_grid[1].kv_cache_memory_bytes: has no SGLang equivalent" in text
+    assert "gpu_memory_utilization" in text  # says what to use instead
+    assert "speculative_config: has no SGLang equivalent" in _problems(
+        engine_kind="sglang",
+        speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    assert "'fp8_inc' has no SGLang equivalent" in _problems(engine_kind="sglang",
+                                                             kv_cache_dtype="fp8_inc")
+    assert "must be one of ('vllm', 'sglang')" in _problems(engine_kind="SGLang")
+    # the same knobs on vLLM are fine
+    P.parse({**BASE, "engine_grid": [{"kv_cache_memory_bytes": 2**30}]})
+
+
+def test_engine_kind_in_the_base_and_the_grid() -> None:
+    p = P.parse({**BASE, "engine": {"max_num_seqs": 4},
+                 "engine_grid": [{}, {"engine_kind": "sglang"}]})
+    engines = make_plan(p).engines
+    assert [peer.kind_of(e.knobs) for e in engines] == ["vllm", "sglang"]
+    assert engines[1].label == "engine_kind=sglang"
+    # a vLLM config keeps its id (engine_kind unset is not in it): stored runs stay resumable
+    alone = make_plan(P.parse({**BASE, "engine": {"max_num_seqs": 4}})).engines[0]
+    assert engines[0].id == alone.id
+    assert "SGLang cannot be one of them" in _problems(
+        engine_kind="sglang", disaggregate={"prefill": {}, "decode": {}})
+
+
+def test_the_server_command_line_holds_no_key(tmp_path: Path) -> None:
+    model = ModelRef("m", str(tmp_path / "m"), str(tmp_path / "m"), "dummy")
+    argv = build_argv(model, {"engine_kind": "sglang", "max_num_seqs": 4}, 8123)
+    assert argv[1:3] == ["-m", peer.LAUNCHER]
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"  # loopback only
+    assert "--api-key" not in argv and "--load-format" in argv and "--enable-metrics" in argv
+    # the shim hands the key to sglang.launch_server in its own argv, not on the command line
+    fake = tmp_path / "sglang"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "launch_server.py").write_text(
+        "import os, sys\nprint(repr(sys.argv[1:]))\n"
+        "print(open(f'/proc/{os.getpid()}/cmdline').read().count('secret-key'))\n"
+        "print(os.environ.get('TUNEBOOK_SGLANG_API_KEY'))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(tmp_path), str(LIB))),
+           peer.KEY_ENV: "secret-key"}
+    out = subprocess.run([sys.executable, "-m", peer.LAUNCHER, "--port", "1"], env=env,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == ["['--port', '1', '--api-key', 'secret-key']", "0", "None"]
+
+
+def test_sglang_is_refused_here_before_any_engine_starts(tmp_path: Path) -> None:
+    if peer.installed("sglang"):
+        pytest.skip("SGLang is installed here")
+    p = P.parse({**BASE, "engine_grid": [{}, {"engine_kind": "sglang"}]})
+    with pytest.raises(peer.EngineNotInstalledError, match="sglang: not installed"):
+        Sweep(p, tmp_path, progress=False).run()
+    assert not (tmp_path / "x" / "runs").exists()  # nothing ran, nothing was written
+
+
+# Lines built from SGLang 0.5.17's own format strings (see tunebook.peer) with made-up values:
+# the format is SGLang's, the numbers are not a measurement. Real H200 logs replace them when
+# the peer first runs there.
+SGLANG_START = """tunebook: sglang 0.5.17
+[2026-12-05 10:00:00] server_args=ServerArgs(model_path='/m', attention_backend='fa3', \
+context_length=8192)
+[2026-12-05 10:00:08] Load weight begin. avail mem=138.52 GB
+[2026-12-05 10:00:12] Load weight end. elapsed=3.87 s, type=Qwen3ForCausalLM, avail mem=123.19 GB, \
+mem usage=15.33 GB.
+[2026-12-05 10:00:12] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 771,234, K size: \
+52.97 GB, V size: 52.97 GB
+[2026-12-05 10:00:12] Memory pool end. avail mem=15.41 GB
+[2026-12-05 10:00:14] Capture target prefill CUDA graph end. elapsed=2.10 s, mem usage=0.40 GB, \
+avail mem=15.00 GB.
+[2026-12-05 10:00:20] Capture target decode CUDA graph end. elapsed=6.41 s, mem usage=0.52 GB, \
+avail mem=14.40 GB.
+[2026-12-05 10:00:20] max_total_num_tokens=771234, chunked_prefill_size=8192, \
+max_prefill_tokens=16384, max_running_requests=4096, context_len=8192, available_gpu_mem=14.38 GB
+[2026-12-05 10:00:23] The server is fired up and ready to roll!
+""".replace("\\\n", "")
+
+
+def test_sglang_start_up_facts_fill_the_same_columns() -> None:
+    f = peer.parse_startup(SGLANG_START)
+    assert (f.sglang_version, f.attention_backend, f.weights_gib) == ("0.5.17", "fa3", 15.33)
+    assert (f.kv_pool_tokens, f.kv_cache_gib, f.cuda_graph_gib) == (771234, 105.94, 0.92)
+    assert f.max_concurrency_x == pytest.approx(771234 / 8192, abs=0.01)
+    assert f.vllm_version is None  # not a vLLM row
+    assert peer.parse_startup("") == peer.parse_startup("unrelated")  # missing: None, no error
+
+
+@pytest.mark.parametrize(("line", "setting", "value"), [
+    ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current "
+     "value: mem_fraction_static=0.5", "gpu_memory_utilization", 0.9),
+    ("ValueError: Loaded weights leave no GPU memory for the KV cache under "
+     "--mem-fraction-static=0.1. Raise --mem-fraction-static above 0.134 (minimum viable = 1 - "
+     "available/pre = 0.1340).", "gpu_memory_utilization", 0.18),
+    ("ValueError: Warning: User-specified context_length (200000) is greater than the derived "
+     "context_length (40960). This may lead to incorrect model outputs", "max_model_len", 40960),
+    ("Exception: Capture cuda graph failed: CUDA out of memory", "gpu_memory_utilization", 0.75),
+    ("ModuleNotFoundError: No module named 'sgl_kernel'", None, None),
+])
+def test_sglang_failed_starts_are_diagnosed(line: str, setting: str | None, value: object) -> None:
+    from tunebook.startup import diagnose
+
+    d = diagnose(f"[2026-12-05 10:00:12] Scheduler hit an exception: Traceback\n{line}\n",
+                 {"engine_kind": "sglang", "gpu_memory_utilization": 0.85})
+    assert (d.setting, d.suggested) == (setting, value)
+    assert d.line == line and ("SGLang" in d.error)
+
+
+def _ev(rows: list[dict], gpu: str | None = "NVIDIA H200") -> Evidence:
+    base = {"status": "ok", "hardware": gpu or "test box", "gpu_name": gpu,
+            "request_rate": None, "prefix_len": 0, "model": "qwen3-8b"}
+    return Evidence(Path("/nonexistent/exp"), pd.DataFrame([{**base, **r} for r in rows]), [],
+                    {"model": "qwen3-8b", "gpu_name": gpu})
+
+
+def _peer_rows(tok: dict[int, tuple[float, float]], itl: dict[int, tuple[float, float]]
+               ) -> list[dict]:
+    rows = []
+    for users, (v, s) in tok.items():
+        rows += [{"engine_config_id": "v", "engine_label": "default", "engine_kind": None,
+                  "max_concurrency": users, "output_tok_s": v, "p99_itl_ms": itl[users][0]},
+                 {"engine_config_id": "s", "engine_label": "engine_kind=sglang",
+                  "engine_kind": "sglang", "max_concurrency": users, "output_tok_s": s,
+                  "p99_itl_ms": itl[users][1]}]
+    return rows
+
+
+def test_5_2_and_5_3_rules_on_synthetic_rows() -> None:
+    tok = {1: (100, 101), 8: (790, 800), 32: (2000, 2040), 64: (2500, 3000)}
+    itl = {1: (10, 9), 8: (12, 10), 32: (50, 20), 64: (80, 30)}
+    ev = _ev(_peer_rows(tok, itl))
+    c = figures.verdict(ev, "5.2")  # the 64-user gap lies past the manual's 32
+    assert c.verdict == HOLDS and c.measured_value == pytest.approx(100 * (1 - 2000 / 2040))
+    tok[8] = (700, 800)
+    c = figures.verdict(_ev(_peer_rows(tok, itl)), "5.2")
+    assert c.verdict == DIFFERS and "at 8 users" in c.measured
+    c = figures.verdict(ev, "5.3")
+    assert c.verdict == HOLDS and c.measured_value == pytest.approx(2.5)
+    itl[32] = (30, 20)
+    assert figures.verdict(_ev(_peer_rows(tok, itl)), "5.3").verdict == DIFFERS
+    for fig in ("5.2", "5.3"):
+        assert figures.get(fig).chart(ev).to_dict()
+        vllm_only = [r for r in _peer_rows(tok, itl) if r["engine_kind"] is None]
+        assert figures.verdict(_ev(vllm_only), fig).verdict == NOT_MEASURED
+        c = figures.verdict(_ev(vllm_only, gpu=None), fig)
+        assert c.verdict == CANNOT and "SGLang has no CPU build" in c.why
