@@ -586,8 +586,12 @@ def _role(name: str, cmd: list[str]) -> str:
         return "engine core"
     if "worker" in text:
         return "worker"
-    if SERVER_MODULE in " ".join(cmd) or "apiserver" in text:
+    if SERVER_MODULE in " ".join(cmd) or "apiserver" in text or peer.LAUNCHER in " ".join(cmd):
         return "API server"
+    if "sglang::scheduler" in text:  # SGLang's processes name themselves sglang::<role>
+        return "engine core"
+    if "sglang::" in text:
+        return "helper"
     if "resource_tracker" in " ".join(cmd) or "multiprocessing" in text:
         return "helper"
     return "other"

@@ -103,12 +103,44 @@ def worker_env(slot: Slot | None, state_dir: Path, gpu: bool) -> dict[str, str]:
     return env
 
 
+def _stop_flag() -> Any:
+    """A Ray actor the driver sets to stop its tasks (Ctrl-C / SIGTERM). Cooperative, unlike
+    ray.cancel: a task that sees it stops its sweep (the run in flight is marked interrupted,
+    the engine stopped) and still streams that row and its logs back."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class StopFlag:
+        def __init__(self) -> None:
+            self.stop = False
+
+        def set(self) -> None:
+            self.stop = True
+
+        def get(self) -> bool:
+            return self.stop
+
+    return StopFlag.remote()
+
+
+def _asked_to_stop(flag: Any) -> bool:
+    if flag is None:
+        return False
+    import ray
+
+    try:
+        return bool(ray.get(flag.get.remote(), timeout=5))
+    except Exception:  # noqa: BLE001 - the driver is gone: stop
+        return True
+
+
 def run_config(params_yaml: str, run_ids: list[str], api_key: str, slots: int,
-               gpu: bool) -> Iterator[tuple[str, str, bytes]]:
+               gpu: bool, stop: Any = None) -> Iterator[tuple[str, str, bytes]]:
     """A Ray task's body (a generator: each item streams back as it is yielded): run these
     runs of one engine config in a local sweep on this node; yield ("run", name, bytes) for
     each run file as it lands, then ("log", name, bytes) for the engine logs, then ("exit",
-    str(rc), b"")."""
+    str(rc), b""). When `stop` (a _stop_flag) is set, SIGTERM the sweep and keep streaming
+    until it has exited (its interrupted row comes back too)."""
     scratch = Path(tempfile.mkdtemp(prefix="tunebook-ray-"))
     try:
         (scratch / "params.yaml").write_text(params_yaml)
@@ -128,9 +160,13 @@ def run_config(params_yaml: str, run_ids: list[str], api_key: str, slots: int,
                 env=worker_env(slot, state, gpu), start_new_session=True,
                 stdout=subprocess.DEVNULL, stderr=(scratch / "worker.log").open("wb"))
             sent: set[str] = set()
+            stopping = False
             try:
                 while True:
                     done = proc.poll() is not None
+                    if not done and not stopping and _asked_to_stop(stop):
+                        stopping = True  # the sweep marks its run interrupted, stops its engine
+                        os.killpg(proc.pid, signal.SIGTERM)
                     for f in sorted((exp / "runs").glob("*.json")) if (exp / "runs").is_dir() \
                             else []:
                         if f.name not in sent:
@@ -196,6 +232,7 @@ class RayExecutor:
         params_yaml = yaml.safe_dump(sweep.params.to_dict(), sort_keys=False)
         key = engine_mod.api_key()
         task = ray.remote(run_config)
+        stop = _stop_flag()
         gens = []
         for cfg, runs in work:
             opts: dict[str, Any] = ({"num_gpus": gpus_needed(cfg.knobs), "num_cpus": 1} if gpu
@@ -203,7 +240,7 @@ class RayExecutor:
             gens.append((cfg, task.options(num_returns="streaming", max_retries=0,
                                            **opts).remote(params_yaml,
                                                           [r.run_id for r in runs], key,
-                                                          slots, gpu)))
+                                                          slots, gpu, stop)))
         items: queue.Queue = queue.Queue()
 
         def pump(cfg: Any, gen: Any) -> None:
@@ -236,10 +273,13 @@ class RayExecutor:
         try:  # a local cluster started here stops with the sweep (ray.shutdown below)
             drain(None)
         except BaseException:
-            for _, gen in gens:
+            # ask the tasks to stop; each still sends its interrupted row and logs
+            with contextlib.suppress(Exception):
+                stop.set.remote()
+            drain(time.monotonic() + 90)
+            for _, gen in gens:  # whatever did not stop in time
                 with contextlib.suppress(Exception):
                     ray.cancel(gen)
-            drain(time.monotonic() + 90)  # what the cancelled tasks still send
             raise
         finally:
             if not self.address:
