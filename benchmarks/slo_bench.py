@@ -61,35 +61,6 @@ def replay(grid: dict, spec: slo.SearchSpec, bounds: tuple[slo.Bound, ...], seed
     return out
 
 
-def noise_check(params: P.SweepParams, outputs: Path, picks: dict[str, dict[str, Any]],
-                repeats: int, objective: str, bounds: tuple[slo.Bound, ...]
-                ) -> list[dict[str, Any]]:
-    """Each pick (name -> {knobs, users}) measured `repeats` times more at its own best level,
-    one engine start each, in `<experiment>-noise`: is the grid's answer better than the
-    search's pick by more than one point's run-to-run spread?"""
-    from tunebook.sweep import Sweep
-
-    p0 = dataclasses.replace(params, experiment=f"{params.experiment}-noise", repeats=repeats,
-                             parts=())
-    out = []
-    for name, pick in picks.items():
-        p = dataclasses.replace(p0, engine_grid=(dict(pick["knobs"]),),
-                                load=dataclasses.replace(p0.load, users=(pick["users"],)))
-        sweep = Sweep(p, outputs, progress=True)
-        sweep.run()
-        rows = sweep.store.latest_rows(r.run_id for r in sweep.plan.runs)
-        ok = [r for r in rows if r.get("status") == "ok"
-              and isinstance(r.get(objective), int | float)]
-        vals = [float(r[objective]) for r in ok]
-        out.append({"name": name, "knobs": pick["knobs"], "users": pick["users"],
-                    "meets": sum(slo.meets(r, bounds) for r in ok),
-                    "values": [round(v, 1) for v in vals],
-                    "mean": round(statistics.fmean(vals), 1) if vals else None,
-                    "spread": round((max(vals) - min(vals)) / statistics.fmean(vals), 3)
-                    if len(vals) > 1 else None})
-    return out
-
-
 def where_it_ran(experiment: Path) -> dict[str, Any]:
     """The machine and software the grid's rows were measured on (this machine when none)."""
     rows = Store(experiment).latest_rows(
@@ -227,7 +198,8 @@ first, budget {spec.to_dict().get('budget', 'none')}, baseline {spec.baseline}.
                 and not (s and "best" in s and base["knobs"] == s["best"]["knobs"])):
             picks["baseline"] = base
         with sigterm_as_exception():
-            noise = noise_check(params, Path(outputs), picks, args.noise_check, obj, bounds)
+            noise = slo_search.remeasure(params, Path(outputs), picks, args.noise_check,
+                                             obj, bounds)
         if tolerance is None and noise[0]["spread"] is not None:
             tolerance = noise[0]["spread"]  # the grid answer's own run-to-run spread
         text += f"""

@@ -235,3 +235,32 @@ def test_replay_charges_each_start_once_and_finds_the_grid_answer() -> None:
     assert found.best is not None and found.best.knobs == grid.best.knobs  # type: ignore
     assert rep.engine_starts == len(found.outcomes)
     assert rep.engine_s == pytest.approx(30.0 * len(found.outcomes) + 2.0 * len(found.points))
+
+
+def test_confirm_keeps_the_answer_unless_another_is_ahead_beyond_noise() -> None:
+    from tunebook.slo_search import confirm_pick
+
+    def m(name: str, vals: list[float], meets: int) -> dict:
+        mean = sum(vals) / len(vals)
+        return {"name": name, "knobs": {"max_num_seqs": name}, "users": 8, "meets": meets,
+                "values": vals, "mean": mean, "spread": (max(vals) - min(vals)) / mean}
+
+    # the runner-up's mean is higher, but by less than the spread: the answer stands
+    c = confirm_pick([m("a", [100, 120, 110], 3), m("b", [112, 108, 116], 3)], 3)
+    assert c["pick"] == {"max_num_seqs": "a"} and c["within_noise"] and c["meets"] == "3/3"
+    # ahead by more than either spread: the runner-up is the confirmed answer
+    c = confirm_pick([m("a", [100, 101, 99], 3), m("b", [130, 131, 129], 3)], 3)
+    assert c["pick"] == {"max_num_seqs": "b"} and not c["within_noise"]
+    assert c["lead"] == pytest.approx(0.231, abs=1e-3)
+    # meeting the SLO every time beats a higher mean that misses it sometimes
+    c = confirm_pick([m("a", [200, 210, 190], 1), m("b", [150, 151, 149], 3)], 3)
+    assert c["pick"] == {"max_num_seqs": "b"} and c["meets"] == "3/3"
+
+
+def test_confirm_is_validated() -> None:
+    for bad in (1, True, "3"):
+        with pytest.raises(slo.SearchSpecError, match="search.confirm"):
+            slo.parse_search({"knobs": {"max_num_seqs": [4, 8]}, "users": [1, 2],
+                              "confirm": bad})
+    spec = slo.parse_search({"knobs": {"max_num_seqs": [4, 8]}, "users": [1, 2], "confirm": 3})
+    assert spec.confirm == 3 and spec.to_dict()["confirm"] == 3

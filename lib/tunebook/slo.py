@@ -115,6 +115,7 @@ class SearchSpec:
     baseline: Mapping[str, Any] | None = None  # the config to beat (vLLM's defaults): tried first
     seed: int = 0
     gain: float = 1.05  # a level must beat the one below by this factor to count as a gain
+    confirm: int | None = None  # re-measure the answer and the runner-up this many times each
 
     @property
     def startup(self) -> int:
@@ -140,6 +141,8 @@ class SearchSpec:
             out["budget"] = budget
         if self.baseline:
             out["baseline"] = dict(self.baseline)
+        if self.confirm:
+            out["confirm"] = self.confirm
         return out
 
 
@@ -162,11 +165,12 @@ def parse_slo(raw: Any) -> tuple[Bound, ...]:
 
 def parse_search(raw: Any, users_default: Sequence[int] = ()) -> SearchSpec:
     """`search:` — {knobs: {name: [values]}, users: [levels], objective, sampler, seed,
-    budget: {engine_configs: N, minutes: M, patience: P}, gain}."""
+    budget: {engine_configs: N, minutes: M, patience: P}, gain, baseline, confirm}."""
     p: list[tuple[str, str]] = []
     if not isinstance(raw, dict):
         raise SearchSpecError([("search", "must be a mapping: knobs, users, objective, budget")])
-    allowed = {"knobs", "users", "objective", "sampler", "seed", "budget", "gain", "baseline"}
+    allowed = {"knobs", "users", "objective", "sampler", "seed", "budget", "gain", "baseline",
+               "confirm"}
     for k in raw:
         if k not in allowed:
             p.append((f"search.{k}", f"unknown key; allowed: {sorted(allowed)}"))
@@ -247,9 +251,15 @@ def parse_search(raw: Any, users_default: Sequence[int] = ()) -> SearchSpec:
                 if not any(v == x and type(v) is type(x) for x in space[name]):
                     p.append((f"search.baseline.{name}", f"{v!r} is not one of the values "
                                                          f"searched: {list(space[name])}"))
+    confirm = raw.get("confirm")
+    if confirm is not None and (not isinstance(confirm, int) or isinstance(confirm, bool)
+                                or confirm < 2):
+        p.append(("search.confirm", "must be an integer ≥ 2: repeats of the answer and the "
+                                    "runner-up (one engine start each) before it is trusted"))
     if p:
         raise SearchSpecError(p)
     return SearchSpec(knobs=space, users=tuple(users), objective=objective, sampler=sampler,
+                      confirm=confirm,
                       max_configs=max_configs,
                       max_minutes=float(max_minutes) if max_minutes is not None else None,
                       patience=patience, baseline=dict(baseline) if baseline else None,
