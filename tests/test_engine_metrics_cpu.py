@@ -104,10 +104,13 @@ def test_metrics_columns_are_filled(rows: dict[str, list[dict]]) -> None:
         assert r["engine_generation_tokens"] == r["total_output_tokens"]
         assert r["preemptions"] == 0 and r["kv_block_size"] == BLOCK
         assert r["metrics_samples"] >= 2
-        # never more running than users; that the gauge is read at all is checked over the
-        # four rows after the loop: vLLM updates it between steps and a scrape of a loaded 2-core
-        # machine can miss a whole short run (it did, once in ~10 suites, after three
-        # lengthenings of this load)
+        # never more running than users, never a full pool; that the gauges are read at all is
+        # checked over the four rows after the loop: vLLM updates them between steps and a
+        # scrape of a loaded 2-core machine can miss a whole short run (the running gauge did,
+        # once in ~10 suites, after three lengthenings of this load; the KV usage gauge once,
+        # with a build running beside the suite)
         assert 0 <= r["max_running_requests"] <= 2 and r["max_waiting_requests"] >= 0
-        assert 0 < r["max_kv_cache_usage"] < 1
-    assert any(r["max_running_requests"] >= 1 for r in rows["reset"] + rows["noreset"])
+        assert 0 <= r["max_kv_cache_usage"] < 1
+    every = rows["reset"] + rows["noreset"]
+    assert any(r["max_running_requests"] >= 1 for r in every)
+    assert any(r["max_kv_cache_usage"] > 0 for r in every)
