@@ -49,6 +49,9 @@ for bundle in .carry/ray-*.tar.xz; do
   mkdir -p /root/raysite && tar xJf "$bundle" -C /root/raysite && touch /root/raysite/.installed
 done
 [[ -d /root/raysite ]] && PYTHONPATH="$PYTHONPATH:/root/raysite"
+# SGLang (engine_kind: sglang), when scripts/sglang_bundle.sh's parts are staged: its own
+# folder goes first on the SGLang server's PYTHONPATH only (tunebook.peer.PATH_ENV)
+[[ -d /root/sglsite/sglang ]] && export TUNEBOOK_SGLANG_PYTHONPATH=/root/sglsite
 export TUNEBOOK_CACHE="${TUNEBOOK_CACHE:-/root/tunebook-cache}"
 if [[ -d .cache/models/_tokenizer ]]; then
   mkdir -p "$TUNEBOOK_CACHE" && cp -rn .cache/models/_tokenizer "$TUNEBOOK_CACHE/"

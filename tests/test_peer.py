@@ -200,3 +200,13 @@ def test_5_2_and_5_3_rules_on_synthetic_rows() -> None:
         assert figures.verdict(_ev(vllm_only), fig).verdict == NOT_MEASURED
         c = figures.verdict(_ev(vllm_only, gpu=None), fig)
         assert c.verdict == CANNOT and "SGLang has no CPU build" in c.why
+
+
+def test_an_sglang_folder_for_the_server_alone_counts_as_installed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the device's SGLang bundle sits beside the vLLM one, on the SGLang server's path only
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    monkeypatch.setenv(peer.PATH_ENV, str(tmp_path))
+    assert peer.installed("sglang")
+    peer.require_installed([{"engine_kind": "sglang"}])

@@ -421,7 +421,8 @@ class Engine:
         if self.kind == peer.SGLANG:  # its launcher shim is tunebook's; it hands on the key
             env[peer.KEY_ENV] = self.api_key
             env["PYTHONPATH"] = os.pathsep.join(
-                x for x in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")) if x)
+                x for x in (env.get(peer.PATH_ENV), str(Path(__file__).resolve().parents[1]),
+                            env.get("PYTHONPATH")) if x)
         env[BLOCK_TABLE_ENV] = str(self.block_table_path)  # read only by tunebook's scheduler
         return env
 

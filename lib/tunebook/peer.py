@@ -15,10 +15,12 @@ Nothing here imports SGLang: tunebook only starts it as a server process.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tunebook.knobs import ENGINE_KINDS
@@ -38,9 +40,19 @@ def kind_of(knobs: Mapping[str, Any]) -> str:
     return knobs.get("engine_kind") or VLLM
 
 
+# Folders put first on the SGLang server's PYTHONPATH only (the device's SGLang bundle pins
+# transformers, tokenizers, openai … differently from the vLLM bundle tunebook itself runs on):
+# scripts/h200_run.sh sets it to /root/sglsite when scripts/sglang_bundle.sh's parts are staged.
+PATH_ENV = "TUNEBOOK_SGLANG_PYTHONPATH"
+
+
 def installed(kind: str) -> bool:
-    """Whether this Python can start that engine (its package is importable here)."""
-    return importlib.util.find_spec(kind) is not None
+    """Whether this Python can start that engine: its package is importable here, or (SGLang)
+    found in the folders of PATH_ENV."""
+    if importlib.util.find_spec(kind) is not None:
+        return True
+    extra = os.environ.get(PATH_ENV, "") if kind == SGLANG else ""
+    return any((Path(d) / kind / "__init__.py").is_file() for d in extra.split(os.pathsep) if d)
 
 
 class EngineNotInstalledError(ValueError):
