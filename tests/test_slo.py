@@ -264,3 +264,11 @@ def test_confirm_is_validated() -> None:
                               "confirm": bad})
     spec = slo.parse_search({"knobs": {"max_num_seqs": [4, 8]}, "users": [1, 2], "confirm": 3})
     assert spec.confirm == 3 and spec.to_dict()["confirm"] == 3
+
+
+def test_the_full_grid_measures_the_baseline_first() -> None:
+    eng = SimEngine()
+    base = {"max_num_seqs": 8, "max_num_batched_tokens": 2048}
+    grid = slo.full_grid(eng, _spec(baseline=base), BOUNDS)
+    assert dict(eng.calls[0][0]) == base and grid.outcomes[0].knobs == base
+    assert len(grid.outcomes) == len(_spec().grid())  # every config still, once
