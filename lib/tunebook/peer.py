@@ -60,8 +60,10 @@ class EngineNotInstalledError(ValueError):
 
 
 def require_installed(configs: list[Mapping[str, Any]]) -> None:
-    """Raise EngineNotInstalledError when a config's engine kind is not importable here."""
-    missing = sorted({kind_of(k) for k in configs if not installed(kind_of(k))})
+    """Raise EngineNotInstalledError when a config's peer engine is not importable here (vLLM
+    itself is not checked: a missing vLLM fails its start with its own diagnosis, as always)."""
+    missing = sorted({kind_of(k) for k in configs
+                      if kind_of(k) != VLLM and not installed(kind_of(k))})
     if missing:
         raise EngineNotInstalledError(
             f"engine_kind {', '.join(missing)}: not installed in this Python "
