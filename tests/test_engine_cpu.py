@@ -104,6 +104,8 @@ def test_engine_stopped_and_recorded(quickstart: Path) -> None:
             psutil.Process(p["pid"]).cmdline()) for p in tree if psutil.pid_exists(p["pid"]))
         argv = rec["engine"]["argv"]
         assert "--host" in argv and argv[argv.index("--host") + 1] == "127.0.0.1"
+        # no machine path: the model folder is named relative to the model cache
+        assert argv[argv.index("--model") + 1].startswith("$TUNEBOOK_CACHE/qwen3-tiny-")
         port = int(argv[argv.index("--port") + 1])
         assert port_is_free(port)
         assert len(rec["requests"]["ttfts"]) == rec["row"]["num_prompts"]

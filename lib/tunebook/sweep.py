@@ -63,6 +63,20 @@ from tunebook.store import Store, replace_atomic, stamp, utc_now, write_new
 RAY_ENV, RAY_SLOTS_ENV = "TUNEBOOK_RAY", "TUNEBOOK_RAY_SLOTS"  # `--ray [ADDRESS]`, slots
 
 
+def portable_argv(argv: list[str]) -> list[str]:
+    """An engine's command line as stored with its runs: the model cache's path becomes
+    `$TUNEBOOK_CACHE` (shared reports carry no machine paths; a folder's name keeps its preset
+    and content hash)."""
+    cache = config.model_cache_dir().expanduser()
+    roots = sorted({str(cache), str(cache.resolve())}, key=len, reverse=True)
+    out = []
+    for a in argv:  # also inside an argument (a draft's folder in --speculative-config's JSON)
+        for root in roots:
+            a = a.replace(root, f"${config.CACHE_ENV}")
+        out.append(a)
+    return out
+
+
 class Terminated(BaseException):
     """SIGTERM, turned into an exception so `finally` blocks stop the engine."""
 
@@ -646,7 +660,9 @@ class Sweep:
         record = {
             "row": row,
             "engine": {
-                "argv": engine.argv[1:],  # no secrets in argv: the key is in the environment
+                # no secrets in argv (the key is in the environment), and no machine paths:
+                # the model folder is named relative to the model cache
+                "argv": portable_argv(engine.argv[1:]),
                 "env": run.engine.env,
                 "log": os.path.relpath(engine.log_path, self.store.root),
                 "process_tree": engine.process_tree,
