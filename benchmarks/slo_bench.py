@@ -61,6 +61,20 @@ def replay(grid: dict, spec: slo.SearchSpec, bounds: tuple[slo.Bound, ...], seed
     return out
 
 
+REPLAY_HEAD = ("same config as the grid | within noise | engine time ÷ grid: median | p90 | "
+               "max | configs started: median | max |")
+
+
+def replay_cells(reps: list[dict[str, Any]]) -> str:
+    """One table row's cells (REPLAY_HEAD) for a batch of replays."""
+    ratios = sorted(r["ratio"] for r in reps)
+    n = len(reps)
+    return (f"{sum(r['same'] for r in reps)}/{n} | {sum(r['within'] for r in reps)}/{n} | "
+            f"{statistics.median(ratios):.2f} | {ratios[min(n - 1, int(0.9 * n))]:.2f} | "
+            f"{ratios[-1]:.2f} | {statistics.median(r['configs'] for r in reps):g} | "
+            f"{max(r['configs'] for r in reps)} |")
+
+
 def where_it_ran(experiment: Path) -> dict[str, Any]:
     """The machine and software the grid's rows were measured on (this machine when none)."""
     rows = Store(experiment).latest_rows(
@@ -227,7 +241,6 @@ Names: {', '.join(f"{n['name']} `{n['knobs']}`" for n in noise)}{
             rspec = dataclasses.replace(spec, baseline=None)  # it cannot be tried first
             text += "\nThe baseline is not measured: the replays start without it.\n"
         reps = replay(g, rspec, bounds, args.replay, tolerance)
-        ratios = sorted(r["ratio"] for r in reps)
         n = len(reps)
         source = ("the grid answer's run-to-run spread above" if noise and args.tolerance is None
                   else "--tolerance")
@@ -239,10 +252,10 @@ cost in the grid (its runs, plus its config's engine start once), so it shows th
 answer and cost on the same numbers. "Within noise": the grid scores the pick within
 {tolerance:.0%} of its best ({source}).
 
-| same config as the grid | within noise | engine time ÷ grid: median | p90 | max | configs started: median | max |
+| {REPLAY_HEAD}
 |---|---|---|---|---|---|---|
-| {sum(r['same'] for r in reps)}/{n} | {sum(r['within'] for r in reps)}/{n} | {statistics.median(ratios):.2f} | {ratios[min(n - 1, int(0.9 * n))]:.2f} | {ratios[-1]:.2f} | {statistics.median(r['configs'] for r in reps):g} | {max(r['configs'] for r in reps)} |
-"""  # noqa: E501
+| {replay_cells(reps)}
+"""
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(text)
     report.with_suffix(".json").write_text(json.dumps(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "lib"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from slo_bench import replay  # noqa: E402
+from slo_bench import REPLAY_HEAD, replay, replay_cells  # noqa: E402
 
 from tunebook import params as P  # noqa: E402
 from tunebook import slo  # noqa: E402
@@ -53,20 +52,12 @@ def main() -> int:
         f"{'tried first' if spec.baseline else 'not measured, so not tried'}. Within noise: "
         f"the grid scores the pick within {tolerance:.0%} of its best (as in benchmark.md). "
         f"{args.seeds} seeds per row.", "",
-        "| patience | same config as the grid | within noise | engine time ÷ grid: median "
-        "| p90 | max | configs started: median | max |",
+        f"| patience | {REPLAY_HEAD}",
         "|---|---|---|---|---|---|---|---|"]
     for patience in args.patience:
         reps = replay(grid, dataclasses.replace(spec, patience=patience), bounds, args.seeds,
                       tolerance)
-        ratios = sorted(r["ratio"] for r in reps)
-        n = len(reps)
-        lines.append(
-            f"| {patience} | {sum(r['same'] for r in reps)}/{n} | "
-            f"{sum(r['within'] for r in reps)}/{n} | {statistics.median(ratios):.2f} | "
-            f"{ratios[min(n - 1, int(0.9 * n))]:.2f} | {ratios[-1]:.2f} | "
-            f"{statistics.median(r['configs'] for r in reps):g} | "
-            f"{max(r['configs'] for r in reps)} |")
+        lines.append(f"| {patience} | {replay_cells(reps)}")
     text = "\n".join(lines) + "\n"
     (args.folder / "patience.md").write_text(text)
     print(text)

@@ -60,7 +60,7 @@ def stub() -> Iterator[tuple[Stub, int]]:
 
         def do_POST(self) -> None:  # noqa: N802
             self._record()
-            if self.path == "/reset_prefix_cache" and state.resets:
+            if self.path in ("/reset_prefix_cache", "/flush_cache") and state.resets:
                 self._answer(*state.resets.pop(0))
             elif self.path == "/v1/completions" and state.completions:
                 self._answer(200, json.dumps(state.completions.pop(0)).encode())
@@ -118,6 +118,22 @@ def test_older_vllm_empty_200_counts_as_reset(stub: tuple[Stub, int]) -> None:
     state, port = stub
     state.resets = [(200, b"")]
     assert _engine(port, dev_mode=True).reset_prefix_cache().ok
+
+
+def test_sglang_flush_is_retried_while_requests_run(stub: tuple[Stub, int]) -> None:
+    # SGLang's cache reset (tunebook.peer): /flush_cache, HTTP 400 while requests run
+    state, port = stub
+    eng = _engine(port)
+    eng.knobs = {"engine_kind": "sglang"}
+    state.resets = [(400, b"Flush cache failed.")] + [(200, b"Cache flushed.")]
+    r = eng.reset_prefix_cache(wait_s=0.01)
+    assert r.ok and r.attempts == 2 and state.seen[-1]["path"] == "/flush_cache"
+    state.resets = [(400, b"Flush cache failed.")] * 2
+    r = eng.reset_prefix_cache(attempts=2, wait_s=0.01)
+    assert not r.ok and "requests still running" in r.detail
+    state.resets = [(500, b"boom")]
+    r = eng.reset_prefix_cache(wait_s=0.01)
+    assert not r.ok and r.attempts == 1 and r.detail == "HTTP 500: boom"
 
 
 def test_no_server_is_an_answer_not_a_crash() -> None:

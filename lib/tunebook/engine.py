@@ -510,38 +510,38 @@ class Engine:
         return body.decode(errors="replace")
 
     def reset_prefix_cache(self, attempts: int = 5, wait_s: float = 0.5) -> ResetResult:
-        """`POST /reset_prefix_cache` (vLLM's dev mode). vLLM answers `{"success": false}`
-        while blocks are still held (a request finishing); that is retried, with a doubling
-        wait (0.5 + 1 + 2 + 4 s over 5 attempts). Never raises: the result says what happened."""
+        """`POST /reset_prefix_cache` (vLLM's dev mode; SGLang's is `/flush_cache`). vLLM
+        answers `{"success": false}` while blocks are still held (a request finishing), SGLang
+        HTTP 400 while requests run; that is retried, with a doubling wait (0.5 + 1 + 2 + 4 s
+        over 5 attempts). Never raises: the result says what happened."""
         detail = ""
-        path = "/flush_cache" if self.kind == peer.SGLANG else "/reset_prefix_cache"
+        sglang = self.kind == peer.SGLANG
+        path = "/flush_cache" if sglang else "/reset_prefix_cache"
         for attempt in range(1, attempts + 1):
             try:
                 status, body = self.request("POST", path, timeout_s=30.0)
             except EngineRequestError as e:
                 return ResetResult(False, attempt, str(e))
             text = body.decode(errors="replace").strip()[:200]
-            if self.kind == peer.SGLANG:  # 200 when flushed, 400 while requests run
-                if status == 200:
-                    return ResetResult(True, attempt, text or "HTTP 200")
-                detail = f"HTTP {status}: {text}"
-                if attempt < attempts:
-                    time.sleep(wait_s * 2 ** (attempt - 1))
-                continue
-            if status == 404:
+            if status == 404 and not sglang:
                 why = ("the server has no /reset_prefix_cache: it was not started in dev mode "
                        f"({DEV_MODE_ENV}=1)" if not self.options.dev_mode
                        else "HTTP 404 from /reset_prefix_cache")
                 return ResetResult(False, attempt, why)
-            if status != 200:
+            if sglang and status == 400:
+                success, detail = False, f"the engine answered {text} (requests still running)"
+            elif status != 200:
                 return ResetResult(False, attempt, f"HTTP {status}: {text}")
-            try:
-                success = json.loads(text).get("success", True) if text else True
-            except (ValueError, AttributeError):
-                success = True  # older vLLM answered 200 with no JSON body
+            elif sglang:
+                success = True
+            else:
+                try:
+                    success = json.loads(text).get("success", True) if text else True
+                except (ValueError, AttributeError):
+                    success = True  # older vLLM answered 200 with no JSON body
+                detail = f"the engine answered {text} (blocks still in use)"
             if success:
                 return ResetResult(True, attempt, text or "HTTP 200")
-            detail = f"the engine answered {text} (blocks still in use)"
             if attempt < attempts:
                 time.sleep(wait_s * 2 ** (attempt - 1))
         return ResetResult(False, attempts, detail)

@@ -274,8 +274,8 @@ def tune(params: SweepParams, outputs: Path | str | None = None, progress: bool 
     if spec.confirm and "best" in out:  # is the answer's lead real? re-measure it and the next
         ranked = sorted((o for o in result.outcomes if o.score is not None and o.best),
                         key=lambda o: o.score or 0.0, reverse=True)[:2]
-        picks = {("answer" if i == 0 else "runner-up"): {"knobs": o.knobs, "users": o.best.users}
-                 for i, o in enumerate(ranked) if o.best is not None}
+        picks = {name: {"knobs": o.knobs, "users": o.best.users}  # type: ignore[union-attr]
+                 for name, o in zip(("answer", "runner-up"), ranked, strict=False)}
         measured = remeasure(params, evaluator.outputs, picks, spec.confirm, spec.objective,
                              bounds, progress)
         out["confirm"] = confirm_pick(measured, spec.confirm)
