@@ -115,6 +115,19 @@ def _no_peer(unit: FigureUnit, ev: Evidence) -> Claim:
                         "users")
 
 
+def _peer_chart(unit: FigureUnit, ev: Evidence, column: str, manual: float, qualifier: str,
+                title: str, subtitle: str) -> alt.TopLevelMixin:
+    """Ratio first: vLLM ÷ SGLang per load beside the manual's ratio (at its 32 users); each
+    engine's own curve below."""
+    t = peer_table(ev)
+    ratios = [charts.Ratio(f"{int(r.users)} users", manual if r.users == 32 else None,
+                           {"": float(getattr(r, column))}, qualifier) for r in t.itertuples()]
+    if not ratios:
+        ratios = [charts.Ratio("32 users", manual, {"": float("nan")}, qualifier)]
+    head = charts.ratio_bars(ratios, title, [subtitle])
+    return charts.ratio_first(head, charts.curves(ev.df, unit.plot), unit.reference_panel())
+
+
 @figure("5.2")
 class SameOutputAsSglang(FigureUnit):
     title = "vLLM and SGLang write the same output"
@@ -133,6 +146,11 @@ class SameOutputAsSglang(FigureUnit):
 
     def table(self, ev: Evidence) -> pd.DataFrame:
         return peer_table(ev)
+
+    def chart(self, ev: Evidence) -> alt.TopLevelMixin:
+        return _peer_chart(self, ev, "output_ratio", 1.0, "≈",
+                           "vLLM ÷ SGLang output tok/s per load (Fig 5.2)",
+                           "manual: within 3% (≈1×) up to 32 users")
 
     def rule(self, ev: Evidence) -> Claim:
         """Holds when, at every load up to the manual's 32 users measured on both engines,
@@ -170,6 +188,11 @@ class TokenGapVsSglang(FigureUnit):
 
     def table(self, ev: Evidence) -> pd.DataFrame:
         return peer_table(ev)
+
+    def chart(self, ev: Evidence) -> alt.TopLevelMixin:
+        return _peer_chart(self, ev, "p99_itl_ratio", 2.0, ">",
+                           "vLLM ÷ SGLang P99 inter-token gap per load (Fig 5.3)",
+                           "manual: more than 2× at 32 users")
 
     def rule(self, ev: Evidence) -> Claim:
         """At the manual's 32 users (else the measured load nearest to it, said so): holds
