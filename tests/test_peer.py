@@ -92,14 +92,15 @@ def test_the_server_command_line_holds_no_key(tmp_path: Path) -> None:
     fake.mkdir()
     (fake / "__init__.py").write_text("")
     (fake / "launch_server.py").write_text(
-        "import os, sys\nprint(repr(sys.argv[1:]))\n"
+        "import os, sys\nprint(repr(sys.argv[1:]), sys.argv[-1] == 'secret-key')\n"
         "print(open(f'/proc/{os.getpid()}/cmdline').read().count('secret-key'))\n"
         "print(os.environ.get('TUNEBOOK_SGLANG_API_KEY'))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(tmp_path), str(LIB))),
            peer.KEY_ENV: "secret-key"}
     out = subprocess.run([sys.executable, "-m", peer.LAUNCHER, "--port", "1"], env=env,
                          capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out == ["['--port', '1', '--api-key', 'secret-key']", "0", "None"]
+    # (the key is in the server's argv; whatever the server prints has it masked)
+    assert out == ["['--port', '1', '--api-key', '***'] True", "0", "None"]
 
 
 def test_sglang_is_refused_here_before_any_engine_starts(tmp_path: Path) -> None:
@@ -140,6 +141,30 @@ def test_sglang_start_up_facts_fill_the_same_columns() -> None:
     assert f.max_concurrency_x == pytest.approx(771234 / 8192, abs=0.01)
     assert f.vllm_version is None  # not a vLLM row
     assert peer.parse_startup("") == peer.parse_startup("unrelated")  # missing: None, no error
+
+
+REAL_LOG = Path(__file__).parent / "data" / "logs" / "sglang-0.5.17-h200-qwen3-8b.log"
+
+
+def test_start_up_facts_from_a_real_sglang_log() -> None:
+    """SGLang 0.5.17 on the lent H200 (outputs/h200/ch05-peer): the numbers are the log's own
+    lines ('Load weight end … mem usage=15.28 GB', 'KV Cache is allocated … #tokens: 803516,
+    K size: 55.17 GB, V size: 55.17 GB', the two CUDA graph captures' 'mem usage')."""
+    f = peer.parse_startup(REAL_LOG.read_text())
+    assert (f.sglang_version, f.attention_backend, f.weights_gib) == ("0.5.17", "fa3", 15.28)
+    assert (f.kv_pool_tokens, f.kv_cache_gib) == (803516, 110.34)
+    assert f.cuda_graph_gib == pytest.approx(1.44 + 0.21)
+    assert f.max_concurrency_x == pytest.approx(803516 / 8192, abs=0.01)
+
+
+def test_a_clean_sglang_stop_is_not_diagnosed_as_a_setting() -> None:
+    """The real log ends in SGLang's own shutdown lines ('Subprocess scheduler_0 … crashed with
+    exit code -15', 'SIGQUIT received … It usually means one child failed'): none of the
+    SGLang failure rules may read them as a setting to change."""
+    from tunebook.startup import diagnose
+
+    d = diagnose(REAL_LOG.read_text(), {"engine_kind": "sglang"})
+    assert d.setting is None and d.suggested is None
 
 
 @pytest.mark.parametrize(("line", "setting", "value"), [
@@ -190,6 +215,7 @@ def test_5_2_and_5_3_rules_on_synthetic_rows() -> None:
     tok[8] = (700, 800)
     c = figures.verdict(_ev(_peer_rows(tok, itl)), "5.2")
     assert c.verdict == DIFFERS and "at 8 users" in c.measured
+    assert "noise is not measured" in c.why  # one run per engine and load
     c = figures.verdict(ev, "5.3")
     assert c.verdict == HOLDS and c.measured_value == pytest.approx(2.5)
     itl[32] = (30, 20)
@@ -210,3 +236,55 @@ def test_an_sglang_folder_for_the_server_alone_counts_as_installed(
     monkeypatch.setenv(peer.PATH_ENV, str(tmp_path))
     assert peer.installed("sglang")
     peer.require_installed([{"engine_kind": "sglang"}])
+
+
+_FAKE_SERVER = '''
+import signal, subprocess, sys, time
+key = sys.argv[sys.argv.index("--api-key") + 1]
+print(f"server_args=ServerArgs(model_path='/m', api_key={key!r}, port=1)", flush=True)
+print("x" * 65530 + key + " split across two reads", flush=True)  # crosses the 64 KiB read
+subprocess.run([sys.executable, "-c", "import sys; print('child:', sys.argv[1])", key])
+if "--wait" in sys.argv:
+    signal.signal(signal.SIGTERM, lambda *_: (print("SIGTERM reached the server", flush=True),
+                                               sys.exit(0)))
+    print("waiting", flush=True)
+    time.sleep(60)
+sys.exit(3)
+'''
+
+
+def _shim(tmp_path: Path, *args: str) -> subprocess.Popen:
+    (tmp_path / "fake_sglang_server.py").write_text(_FAKE_SERVER)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{LIB}",
+           peer.KEY_ENV: "k3y-Zq8w7XyP0s9a", "TUNEBOOK_SGLANG_MODULE": "fake_sglang_server"}
+    return subprocess.Popen([sys.executable, "-m", peer.LAUNCHER, "--port", "1", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+
+
+def test_the_shim_masks_the_key_in_everything_the_server_prints(tmp_path: Path) -> None:
+    """SGLang prints ServerArgs with api_key='…' (seen in the H200 log): the shim masks the key
+    in whatever the server and its child processes print, also across two reads, and exits
+    with the server's status."""
+    proc = _shim(tmp_path)
+    out, _ = proc.communicate(timeout=60)
+    text = out.decode()
+    assert proc.returncode == 3
+    assert "k3y-Zq8w7XyP0s9a" not in text
+    assert "api_key='***'" in text and "***split" not in text and "*** split" in text
+    assert "child: ***" in text
+
+
+def test_the_shim_passes_a_stop_on_to_the_server(tmp_path: Path) -> None:
+    """A SIGTERM to the shim alone (PR_SET_PDEATHSIG under Ray) reaches the server."""
+    import signal
+    import time
+
+    proc = _shim(tmp_path, "--wait")
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    seen = b""
+    while b"waiting" not in seen and time.monotonic() < deadline:
+        seen += proc.stdout.readline()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert b"SIGTERM reached the server" in seen + out and proc.returncode == 0
