@@ -65,3 +65,17 @@ def test_configs_sharing_compiled_artifacts_run_back_to_back() -> None:
         "enforce_eager=True, max_num_seqs=4"]
     keys = [compile_key(e) for e in plan.engines]
     assert keys[0] == keys[1] != keys[2] == keys[3] != keys[4] == keys[5] == "eager"
+
+
+def test_a_null_knob_is_the_default_config() -> None:
+    """`quantization: null` in an engine_grid entry means vLLM's default: the same config, id
+    and runs as leaving the knob out (a search space `[null, fp8]` reuses the default's stored
+    runs), and no flag; null also unsets a knob the base engine section set."""
+    base = make_plan(P.load(PARAMS, {"engine_grid": [{"max_num_seqs": 4}]}))
+    null = make_plan(P.load(PARAMS, {"engine_grid": [{"max_num_seqs": 4, "quantization": None}]}))
+    assert [r.run_id for r in null.runs] == [r.run_id for r in base.runs]
+    assert "quantization" not in null.engines[0].knobs
+    assert "--quantization" not in null.describe()
+    unset = make_plan(P.load(PARAMS, {"engine.quantization": "fp8",
+                                      "engine_grid": [{"max_num_seqs": 4, "quantization": None}]}))
+    assert [r.run_id for r in unset.runs] == [r.run_id for r in base.runs]

@@ -200,7 +200,9 @@ def make_plan(p: SweepParams) -> Plan:
     for part in p.all_parts():
         configs = []
         for g in part.engine_grid:
-            knobs = {**p.engine, **g}
+            # null = the engine's default: the same config (and id) as leaving the knob out,
+            # so a search space with `quantization: [null, fp8]` reuses stored default runs
+            knobs = {k: v for k, v in {**p.engine, **g}.items() if v is not None}
             model = knobs.pop("model", p.model)  # an engine_grid entry may swap the model
             cfg = EngineConfig(model=model, knobs=knobs, env=dict(p.engine_env), label=_label(g))
             configs.append(engines.setdefault(cfg.id, cfg))
