@@ -4,7 +4,8 @@
 #   Usage: bash scripts/h200_run.sh 'STEP' ['STEP' ...]
 #   STEP:  [SECONDS:|@SECONDS:]run|sweep PARAMS [tunebook args...]
 #          [SECONDS:|@SECONDS:]bench SCRIPT [args...]   (benchmarks/SCRIPT, results in
-#          outputs/h200/<script name with - for _>, e.g. start-phases)
+#          outputs/h200/<script name with - for _>, e.g. start-phases; `--out NAME`:
+#          outputs/h200/NAME)
 #          e.g. '300:sweep params/ch02-h200.yaml' (at most 300 s), '@560:sweep …' (until 560 s
 #          after this script started: keeps a call inside the device's 10-minute limit)
 # A step with a limit gets SIGTERM when it is reached: tunebook marks the run in flight
@@ -80,9 +81,13 @@ for step in "$@"; do
   read -r -a argv <<<"$step"
   if [[ "${argv[0]}" == bench ]]; then
     exp=$(basename "${argv[1]}" .py); exp=${exp//_/-}
+    args=("${argv[@]:2}")
+    for i in "${!args[@]}"; do  # `--out NAME`: results in $dest/NAME instead of $dest/<script>
+      if [[ "${args[$i]}" == --out ]]; then exp=${args[$((i + 1))]}; unset "args[$i]" "args[$((i + 1))]"; break; fi
+    done
     touched+=("./$exp")
     echo "== bench: ${argv[*]:1} (${limit:+limit ${limit}s})"
-    cmd=(python3 "benchmarks/${argv[1]}" "${argv[@]:2}" --out "$dest/$exp")
+    cmd=(python3 "benchmarks/${argv[1]}" "${args[@]}" --out "$dest/$exp")
     if [[ -n "$limit" ]]; then timeout -s TERM -k 30 "$limit" "${cmd[@]}"; r=$?
     else "${cmd[@]}"; r=$?; fi
     echo "== bench exit code: $r"

@@ -99,8 +99,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.replot and not params.figures_only:
         resolve_model(params.model)  # builds a preset's folder before papermill starts a kernel
     sweep.store.check_writable()
+    try:  # `run` executes the chapter notebook; a machine without papermill can still measure
+        from papermill.exceptions import PapermillExecutionError
+    except ImportError:
+        print("tunebook: `run` executes the notebook with papermill, which is not installed "
+              "here: `tunebook sweep PARAMS` measures the same runs without it (render the "
+              "notebook later, on a machine that has it, with `tunebook run … --replot`)",
+              file=sys.stderr)
+        return EXIT_BAD_PARAMS
     _wait(args)
-    from papermill.exceptions import PapermillExecutionError
 
     crashed = None
     try:
