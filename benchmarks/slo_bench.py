@@ -83,6 +83,31 @@ def where_it_ran(experiment: Path) -> dict[str, Any]:
     return {**m, **{k: rows[0][k] for k in m if rows and rows[0].get(k) is not None}}
 
 
+def reuse_grid(params: Any, spec: slo.SearchSpec, outputs: Path, earlier: list[Path]) -> int:
+    """Copy earlier grids' stored runs of this space's engine configs (same ids: same config,
+    same load) into this grid's folder, with their engine logs; a file already there is kept,
+    never overwritten. A wider space then measures only its new configs. Returns the runs
+    copied."""
+    import shutil
+
+    from tunebook.plan import make_plan
+
+    grid = dataclasses.replace(params, experiment=f"{params.experiment}-grid")
+    ev = slo_search.SweepEvaluator(grid, outputs, progress=False, stored_only=True)
+    ids = {make_plan(ev.point_params(knobs, spec.users[0])).engines[0].id
+           for knobs in spec.grid()}
+    copied = 0
+    for src in earlier:
+        for sub in ("runs", "engines"):
+            dest = Path(outputs) / grid.experiment / sub
+            for f in sorted((src / sub).glob("*")):
+                if f.name.split("-")[0].split("__")[0] in ids and not (dest / f.name).exists():
+                    dest.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(f, dest / f.name)
+                    copied += sub == "runs"
+    return copied
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("params", type=Path)
@@ -103,6 +128,9 @@ def main() -> int:
     ap.add_argument("--noise-check", type=int, default=0, metavar="N",
                     help="measure the grid's answer, the live search's pick and the baseline N "
                          "times more each (one engine start each), to judge 'within noise'")
+    ap.add_argument("--reuse", type=Path, nargs="+", default=[], metavar="GRID",
+                    help="earlier grid folders (…/<experiment>-grid) whose stored runs of "
+                         "this space's configs are copied in first (never overwriting)")
     ap.add_argument("--tolerance", type=float, default=None,
                     help="a pick the grid scores within this fraction of its best counts as "
                          "'within the grid's noise' (default: the grid answer's spread from "
@@ -116,6 +144,9 @@ def main() -> int:
         report = args.out or Path(outputs) / f"{params.experiment}-search" / "benchmark.md"
     bounds = slo.parse_slo(list(params.slo))
     spec = slo.parse_search(params.search, params.load.users)
+    if args.reuse:
+        n = reuse_grid(params, spec, Path(outputs), args.reuse)
+        print(f"reused {n} stored runs from {', '.join(map(str, args.reuse))}", flush=True)
     results: dict[str, dict | None] = {}
     for kind in ("grid", "search"):
         p = dataclasses.replace(params, experiment=f"{params.experiment}-{kind}")
