@@ -157,6 +157,24 @@ def test_start_up_facts_from_a_real_sglang_log() -> None:
     assert f.max_concurrency_x == pytest.approx(803516 / 8192, abs=0.01)
 
 
+def test_an_sglang_start_phase_by_phase_from_a_real_log() -> None:
+    """The same phase columns as a vLLM start, cut at SGLang's lines (its own stamps,
+    "[2026-12-04 12:30:16]"); they add up to tunebook's spawn → /health time (the log's ready
+    line, 150.808 s). The graph captures' own elapsed (76.89 + 5.84 s) beside them."""
+    text = REAL_LOG.read_text()
+    ph = peer.parse_phases(text)
+    assert ph.total_s == pytest.approx(150.808, abs=1e-3) and not ph.missing
+    assert ph.start_compile_s is None and ph.compile_cache is None  # SGLang compiles nothing
+    assert ph.start_cuda_graphs_s == pytest.approx(82, abs=1)  # ±1 s: stamps are whole seconds
+    assert (ph.weights_took_s, ph.cuda_graphs_took_s) == (0.15, pytest.approx(76.89 + 5.84))
+    assert max(ph.seconds(), key=ph.seconds().get) == "cuda_graphs"
+    cut = [peer.running_phase(text[:text.index("\n", text.index(line))]) for line in (
+        "tunebook: sglang", "Attention backend not specified", "Load weight begin",
+        "Memory pool end", "Capture target decode CUDA graph end", "fired up")]
+    assert cut == ["importing SGLang", "starting the scheduler", "loading weights",
+                   "capturing CUDA graphs", "warming up", "starting the API server"]
+
+
 def test_a_clean_sglang_stop_is_not_diagnosed_as_a_setting() -> None:
     """The real log ends in SGLang's own shutdown lines ('Subprocess scheduler_0 … crashed with
     exit code -15', 'SIGQUIT received … It usually means one child failed'): none of the
@@ -288,3 +306,18 @@ def test_the_shim_passes_a_stop_on_to_the_server(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert b"SIGTERM reached the server" in seen + out and proc.returncode == 0
+
+
+def test_stored_sglang_starts_are_cut_at_sglang_lines(tmp_path: Path) -> None:
+    """Rows stored before their phases were recorded are read from the engine log: an SGLang
+    row's log with SGLang's events, not vLLM's."""
+    from tunebook.start_phases import phases_frame
+
+    (tmp_path / "engines").mkdir()
+    (tmp_path / "engines" / "s.log").write_text(REAL_LOG.read_text())
+    rec = {"row": {"engine_kind": "sglang", "engine_label": "engine_kind=sglang",
+                   "startup_s": 150.808, "started_at": "2026-12-04T12:32:24"},
+           "engine": {"log": "engines/s.log"}}
+    row = phases_frame([rec], tmp_path).iloc[0]
+    assert row["start_cuda_graphs_s"] == pytest.approx(82, abs=1)
+    assert row["start_engine_core_s"] == pytest.approx(29, abs=1)

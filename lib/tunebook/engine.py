@@ -399,7 +399,7 @@ class Engine:
         text = self.log_text()
         if self.kind == peer.SGLANG:
             self.facts = peer.parse_startup(text)
-            self.phases = None  # the phases are cut at vLLM's log lines
+            self.phases = peer.parse_phases(text, self.startup_s)
         else:
             self.facts = parse_startup(text)
             self.phases = parse_phases(text, self.startup_s)
@@ -458,7 +458,9 @@ class Engine:
             if on_phase:
                 text = self.log_text()
                 if len(text) > seen:
-                    phase, seen = running_phase(text), len(text)
+                    phase = (peer.running_phase(text) if self.kind == peer.SGLANG
+                             else running_phase(text))
+                    seen = len(text)
                 on_phase(phase, elapsed)
             time.sleep(0.5)
 

@@ -71,6 +71,8 @@ RUNNING: dict[str, str] = {
 }
 
 _TS = re.compile(r"(?:^|\s)(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\s+(\d\d-\d\d \d\d:\d\d:\d\d)\b")
+# SGLang stamps its lines "[2026-12-04 12:30:16] …" (tunebook.peer reads its starts)
+_TS_FULL = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]", re.M)
 _SPAWN = re.compile(r"^tunebook: spawning the server at (\d\d-\d\d \d\d:\d\d:\d\d\.\d+)", re.M)
 _READY = re.compile(r"^tunebook: /health answered after ([\d.]+) s", re.M)
 _FILE_TS = re.compile(r"__(\d{8}T\d{6})(\d{6})?Z")
@@ -140,7 +142,8 @@ class StartPhases:
 def _stamp(line: str, year: int) -> datetime | None:
     m = _TS.search(line)
     if not m:
-        return None
+        full = _TS_FULL.search(line)
+        return datetime.strptime(full.group(1), "%Y-%m-%d %H:%M:%S") if full else None
     try:
         return datetime.strptime(f"{year}-{m.group(1)}", f"%Y-{_DATE_FMT}")
     except ValueError:
@@ -159,13 +162,18 @@ def spawn_from_filename(path: str | Path) -> datetime | None:
 
 
 def parse_phases(log: str, startup_s: float | None = None,
-                 spawn: datetime | None = None) -> StartPhases:
+                 spawn: datetime | None = None, *,
+                 events: tuple[tuple[str, tuple[str, ...]], ...] = EVENTS,
+                 took: dict[str, re.Pattern[str]] | None = None,
+                 up: str = r"Application startup complete") -> StartPhases:
     """The phases of the start at the top of `log` (one engine log = one start).
 
     `startup_s` (spawn → /health, tunebook's clock) closes the last phase; without it the
     log's own ready line is used, else the server's "Application startup complete" line.
-    `spawn` is for logs without a spawn line (see spawn_from_filename).
+    `spawn` is for logs without a spawn line (see spawn_from_filename). `events`, `took` and
+    `up` (the line where the server is up) default to vLLM's; tunebook.peer passes SGLang's.
     """
+    took_rx = _TOOK if took is None else took
     text = strip_ansi(log)
     m = _SPAWN.search(text)
     if m:
@@ -176,8 +184,8 @@ def parse_phases(log: str, startup_s: float | None = None,
         startup_s = float(r.group(1))
     lines = text.splitlines()
     # The start ends where the server is up; later lines (serving, shutdown) are not read.
-    end = next((i for i, ln in enumerate(lines) if "Application startup complete" in ln),
-               len(lines) - 1)
+    up_rx = re.compile(up)
+    end = next((i for i, ln in enumerate(lines) if up_rx.search(ln)), len(lines) - 1)
     lines = lines[:end + 1]
     stamped = [(i, t) for i, ln in enumerate(lines) if (t := _stamp(ln, year)) is not None]
     if not stamped:
@@ -198,7 +206,7 @@ def parse_phases(log: str, startup_s: float | None = None,
     marks: list[tuple[str, datetime]] = [("api_import", stamped[0][1])]
     missing: list[str] = []
     pos = stamped[0][0]
-    for phase, patterns in EVENTS:
+    for phase, patterns in events:
         hit = None
         for pat in patterns:
             rx = re.compile(pat)
@@ -227,33 +235,35 @@ def parse_phases(log: str, startup_s: float | None = None,
     if not first_known:
         seconds["api_import"] = None  # type: ignore[assignment]
 
-    took = {}
-    for name, rx in _TOOK.items():
+    took_s = {name: None for name in _TOOK}
+    for name, rx in took_rx.items():
         mt = rx.search(text)
-        took[name] = float(mt.group(1)) if mt else None
+        took_s[name] = float(mt.group(1)) if mt else None
     hit_c, miss_c = bool(_CACHE_HIT.search(text)), bool(_CACHE_MISS.search(text))
     cache = "partial" if hit_c and miss_c else "hit" if hit_c else "miss" if miss_c else None
     return StartPhases(
         **{f"start_{p}_s": (round(v, 3) if v is not None else None)
            for p, v in seconds.items()},
         compile_cache=cache, missing=tuple(p for p in dict.fromkeys(missing) if p not in
-                                           {m for m, _ in marks}), **took)
+                                           {m for m, _ in marks}), **took_s)
 
 
-def running_phase(log: str) -> str:
+def running_phase(log: str, events: tuple[tuple[str, tuple[str, ...]], ...] = EVENTS,
+                  running: dict[str, str] | None = None) -> str:
     """What a start is doing now, for the live progress line: the phase after the last event
-    the log has reached."""
+    the log has reached (vLLM's events and words unless given)."""
+    words = RUNNING if running is None else running
     text = strip_ansi(log)
-    if not _TS.search(text):
-        return RUNNING["api_import"]
-    order = [p for p, _ in EVENTS]
+    if not (_TS.search(text) or _TS_FULL.search(text)):
+        return words["api_import"]
+    order = [p for p, _ in events]
     if "CPU KV cache size" in text:  # no CUDA graphs on the CPU backend
         order = [p if p != "cuda_graphs" else "warmup" for p in order]
-    current = "engine_core"
-    for k, (_, patterns) in enumerate(EVENTS):
+    current = order[0]
+    for k, (_, patterns) in enumerate(events):
         if any(re.search(p, text) for p in patterns):
             current = order[k + 1] if k + 1 < len(order) else "api_ready"
-    return RUNNING[current]
+    return words[current]
 
 
 # --- a stored experiment's starts -----------------------------------------------------------
@@ -277,8 +287,13 @@ def phases_frame(records: list[dict[str, Any]], root: Path) -> pd.DataFrame:
                 text = path.read_text(errors="replace")
             except OSError:
                 continue
-            phases = parse_phases(text, float(row["startup_s"]),
-                                  spawn_from_filename(path)).as_row()
+            if row.get("engine_kind") == "sglang":  # its own lines (tunebook.peer, which
+                from tunebook import peer  # imports this module: hence imported here)
+
+                phases = peer.parse_phases(text, float(row["startup_s"])).as_row()
+            else:
+                phases = parse_phases(text, float(row["startup_s"]),
+                                      spawn_from_filename(path)).as_row()
         starts[key] = {"engine_label": row.get("engine_label"),
                        "engine_config_id": row.get("engine_config_id"),
                        "started_at": row.get("started_at"), "startup_s": row["startup_s"],
