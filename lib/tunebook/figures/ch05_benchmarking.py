@@ -132,7 +132,24 @@ def _peer_chart(unit: FigureUnit, ev: Evidence, column: str, manual: float, qual
     if not ratios:
         ratios = [charts.Ratio("32 users", manual, {"": float("nan")}, qualifier)]
     head = charts.ratio_bars(ratios, title, [subtitle])
-    return charts.ratio_first(head, charts.curves(ev.df, unit.plot), unit.reference_panel())
+    return charts.ratio_first(head, charts.curves(_engine_named(ev.df), unit.plot),
+                              unit.reference_panel())
+
+
+def _engine_named(df: pd.DataFrame) -> pd.DataFrame:
+    """Curves named by engine and version ('vLLM 0.26.0', 'SGLang 0.5.17') instead of the
+    config labels ('default', 'engine_kind=sglang')."""
+    if df.empty or "engine_kind" not in df.columns:
+        return df
+    kind = df["engine_kind"].astype("string").fillna(peer.VLLM)
+
+    def version(col: str) -> pd.Series:
+        return (df[col].astype("string").fillna("") if col in df.columns
+                else pd.Series("", index=df.index, dtype="string"))
+
+    named = kind.map({peer.VLLM: "vLLM", peer.SGLANG: "SGLang"}).fillna(kind)
+    ver = version("vllm_version").where(kind == peer.VLLM, version("sglang_version"))
+    return df.assign(engine_label=(named + " " + ver).str.strip())
 
 
 @figure("5.2")
