@@ -184,3 +184,27 @@ def test_slo_notebook_on_the_stored_search(replots: dict) -> None:
     went = next(c for c in nb["cells"] if "slo_configs" in "".join(c["source"]))
     spec = went["outputs"][0]["data"]["application/vnd.vegalite.v5+json"]
     assert spec["title"]["text"] == "Where the search went"
+
+
+def test_slo_bench_reuse_copies_an_earlier_grids_runs(sim: dict, tmp_path: Path) -> None:
+    """benchmarks/slo_bench.py --reuse: an earlier experiment's stored runs of this space's
+    configs are copied into the grid's folder (same ids), never over a file already there;
+    the grid then finds them stored and starts nothing for them."""
+    import dataclasses
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from slo_bench import reuse_grid
+
+    p = _params()
+    _search(p, tmp_path / "earlier")
+    earlier = tmp_path / "earlier" / "slo-sim"
+    runs = sorted((earlier / "runs").glob("*.json"))
+    spec = slo.parse_search(p.search)
+    assert reuse_grid(p, spec, tmp_path / "new", [earlier]) == len(runs) > 0
+    assert reuse_grid(p, spec, tmp_path / "new", [earlier]) == 0  # never copied over
+    started = SimServer.started
+    grid = dataclasses.replace(p, experiment="slo-sim-grid")
+    ev = slo_search.SweepEvaluator(grid, tmp_path / "new", progress=False, stored_only=True)
+    got = [ev(dict(k), u) for k, u in {(c, u) for c, u in sim["benched"]}]
+    assert SimServer.started == started and all(r["status"] == "ok" for r in got)
