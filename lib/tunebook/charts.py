@@ -14,6 +14,7 @@ Conventions, shared by every chart of measured data:
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -659,7 +660,7 @@ def slo_points(summary: Mapping[str, Any]) -> alt.LayerChart | None:
     metric, _, limit = bounds[0]
     rows = []
     for c in summary.get("configs", []):
-        label = display_label(", ".join(f"{k}={v}" for k, v in c["knobs"].items()))
+        label = display_label(", ".join(f"{k}={knob_text(v)}" for k, v in c["knobs"].items()))
         for p in c["points"]:
             if p.get("value") is None or p.get(metric) is None:
                 continue
@@ -703,59 +704,76 @@ def slo_points(summary: Mapping[str, Any]) -> alt.LayerChart | None:
             answer, spent]))
 
 
-def slo_configs(summary: Mapping[str, Any]) -> alt.LayerChart | None:
+def knob_text(value: Any) -> str:
+    """A searched knob's value as shown: `null` (the engine's default) reads 'default'."""
+    return "default" if value is None else str(value)
+
+
+def slo_configs(summary: Mapping[str, Any]) -> alt.TopLevelMixin | None:
     """Where the search went: one cell per engine config of the space (the first two knobs
-    searched), coloured by its score (the objective at its best point within the SLO), labelled
-    with the order it was tried in; blank cells were never started."""
+    searched on the axes, one panel per value of any further knob), coloured by its score (the
+    objective at its best point within the SLO), labelled with the order it was tried in; blank
+    cells were never started."""
     knobs = list(summary.get("search", {}).get("knobs", {}))
     objective = summary.get("search", {}).get("objective", "output_tok_s")
     if not knobs or not summary.get("configs"):
         return None
-    x_knob, y_knob = knobs[0], (knobs[1] if len(knobs) > 1 else None)
+    x_knob, y_knob, rest = knobs[0], (knobs[1] if len(knobs) > 1 else None), knobs[2:]
     best = (summary.get("best") or {}).get("knobs")
     rows = []
     for i, c in enumerate(summary["configs"], 1):
-        rows.append({x_knob: str(c["knobs"].get(x_knob)),
-                     **({y_knob: str(c["knobs"].get(y_knob))} if y_knob else {}),
+        rows.append({x_knob: knob_text(c["knobs"].get(x_knob)),
+                     **({y_knob: knob_text(c["knobs"].get(y_knob))} if y_knob else {}),
+                     "panel": ", ".join(f"{k}={knob_text(c['knobs'].get(k))}" for k in rest),
                      "score": c["score"], "tried": i,
                      "label": f"#{i} " + (f"{c['score']:,.0f}" if c["score"] else "–")
                      + (" ★" if c["knobs"] == best else ""),
                      "how it ended": c.get("why", "")})
     data = pd.DataFrame(rows)
-    order = {k: [str(v) for v in summary["search"]["knobs"][k]] for k in knobs[:2]}
+    order = {k: [knob_text(v) for v in summary["search"]["knobs"][k]] for k in knobs[:2]}
     enc: dict[str, Any] = {"x": alt.X(f"{x_knob}:O", title=x_knob,
                                       scale=alt.Scale(domain=order[x_knob]))}
     if y_knob:  # the whole space on both axes, so the cells never started show as gaps
         enc["y"] = alt.Y(f"{y_knob}:O", title=y_knob,
                          scale=alt.Scale(domain=list(reversed(order[y_knob]))))
-    scored = data[data["score"].notna()]
-    unscored = data[data["score"].isna()]
-    layers = []
-    if len(unscored):  # started, but no level met the SLO (or it was cut short first)
-        layers.append(alt.Chart(unscored).mark_rect(stroke="white", color="#d9d9d9").encode(
-            **enc, tooltip=list(data.columns)))
-    if len(scored):
-        mid = (scored["score"].min() + scored["score"].max()) / 2
-        layers.append(alt.Chart(scored).mark_rect(stroke="white").encode(
-            **enc, color=alt.Color("score:Q", title=objective,
-                                   scale=alt.Scale(scheme="viridis")),
-            tooltip=list(data.columns)))
-    else:
-        mid = 0.0
-    layers.append(alt.Chart(data).mark_text(fontSize=11).encode(
-        **enc, text="label:N",
-        color=alt.condition(f"datum.score != null && datum.score > {mid}",
-                            alt.value("black"), alt.value("white"))))
+    scored_all = data[data["score"].notna()]
+    # one colour scale and one text threshold for every panel
+    lo, hi = ((scored_all["score"].min(), scored_all["score"].max()) if len(scored_all)
+              else (0.0, 0.0))
+    mid = (lo + hi) / 2
+    colour = alt.Color("score:Q", title=objective,
+                       scale=alt.Scale(scheme="viridis", domain=[lo, hi]))
+    size = {"width": max(WIDTH // 2, 70 * len(order[x_knob])),
+            "height": max(120, 40 * len(order.get(y_knob, [""]))) if y_knob else 60}
+
+    def panel(part: pd.DataFrame, title: str) -> alt.LayerChart:
+        scored, unscored = part[part["score"].notna()], part[part["score"].isna()]
+        layers = []
+        if len(unscored):  # started, but no level met the SLO (or it was cut short first)
+            layers.append(alt.Chart(unscored).mark_rect(stroke="white", color="#d9d9d9")
+                          .encode(**enc, tooltip=list(part.columns)))
+        if len(scored):
+            layers.append(alt.Chart(scored).mark_rect(stroke="white").encode(
+                **enc, color=colour, tooltip=list(part.columns)))
+        layers.append(alt.Chart(part).mark_text(fontSize=11).encode(
+            **enc, text="label:N",
+            color=alt.condition(f"datum.score != null && datum.score > {mid}",
+                                alt.value("black"), alt.value("white"))))
+        return alt.layer(*layers).properties(**size, title=title)
+
     tried = len(data)
     space = 1
     for v in summary["search"]["knobs"].values():
         space *= len(v)
-    return alt.layer(*layers).properties(
-        width=max(WIDTH // 2, 70 * len(order[x_knob])),
-        height=max(120, 40 * len(order.get(y_knob, [""]))) if y_knob else 60,
-        title=titled("Where the search went", [
-            f"{tried} of {space} engine configs started; #n: the order tried; the number: "
-            f"{objective} within the SLO (– none); ★ the answer"]))
+    title = titled("Where the search went", [
+        f"{tried} of {space} engine configs started; #n: the order tried; the number: "
+        f"{objective} within the SLO (– none); ★ the answer"])
+    if not rest:
+        return panel(data, "").properties(title=title)
+    combos = [", ".join(f"{k}={knob_text(v)}" for k, v in zip(rest, vals, strict=True))
+              for vals in itertools.product(*(summary["search"]["knobs"][k] for k in rest))]
+    return alt.hconcat(*(panel(data[data["panel"] == c], c) for c in combos)).properties(
+        title=title).resolve_scale(color="shared")
 
 
 # --- export -------------------------------------------------------------------------------

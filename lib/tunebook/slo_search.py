@@ -347,5 +347,7 @@ def configs_table(out: dict | None) -> pd.DataFrame:
     """One row per engine config the search tried: its score, how its search ended."""
     if not out:
         return pd.DataFrame()
-    return pd.DataFrame([{**c["knobs"], "score": c["score"], "points": len(c["points"]),
+    # a knob searched with `null` among its values: the engine's default, said so
+    return pd.DataFrame([{**{k: "default" if v is None else v for k, v in c["knobs"].items()},
+                          "score": c["score"], "points": len(c["points"]),
                           "pruned": c["pruned"], "why": c["why"]} for c in out["configs"]])
