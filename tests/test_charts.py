@@ -268,3 +268,26 @@ def test_saturation_options(results):
     assert "peak" not in json.dumps(_spec(charts.scaling(results)))  # off by default
     failed = results[results.status != "ok"]
     assert "engine_failed" in _data_text(charts.scaling(failed, saturation=True))
+
+
+def test_where_the_search_went_has_a_panel_per_third_knob_value() -> None:
+    """A 3-knob space (the H200's 20 configs): the first two knobs on the axes, one panel per
+    value of the third, so no two configs share a cell; `null` reads 'default'."""
+    from tunebook import charts
+
+    space = {"quantization": [None, "fp8"], "max_num_seqs": [64, 1024],
+             "max_num_batched_tokens": [2048, 8192]}
+    configs = [{"knobs": {"quantization": q, "max_num_seqs": m, "max_num_batched_tokens": b},
+                "score": 100.0 * (i + 1), "why": "full grid", "pruned": False, "points": []}
+               for i, (q, m, b) in enumerate([(None, 64, 2048), ("fp8", 1024, 8192)])]
+    summary = {"search": {"knobs": space, "objective": "output_tok_s"}, "configs": configs,
+               "best": {"knobs": configs[1]["knobs"]}}
+    spec = charts.slo_configs(summary).to_dict()
+    panels = spec["hconcat"]
+    assert [p["title"] for p in panels] == ["max_num_batched_tokens=2048",
+                                            "max_num_batched_tokens=8192"]
+    cells = [[row for layer in p["layer"] for row in spec["datasets"][layer["data"]["name"]]]
+             for p in panels]
+    assert {r["quantization"] for r in cells[0]} == {"default"}
+    assert any("★" in r["label"] for r in cells[1]) and not any("★" in r["label"]
+                                                               for r in cells[0])
