@@ -535,11 +535,12 @@ class Ratio:
     qualifier: str = "="
 
 
-def ratio_bars(ratios: Iterable[Ratio], title: str, subtitle: Iterable[str] = ()
-               ) -> alt.LayerChart:
+def ratio_bars(ratios: Iterable[Ratio], title: str, subtitle: Iterable[str] = (),
+               band: tuple[float, float] | None = None) -> alt.LayerChart:
     """Grouped bars on one ratio axis: the manual's ratio (grey, reference) beside each
-    measured one; a dashed rule at 1× (no change). Absolute numbers from different machines
-    are not comparable; ratios are, so they lead."""
+    measured one; a dashed rule at 1× (no change); `band` (low, high) shades the range a claim
+    allows (e.g. within 3%: 0.97–1.03). Absolute numbers from different machines are not
+    comparable; ratios are, so they lead."""
     rows = []
     for r in ratios:
         if r.manual is not None:
@@ -569,7 +570,12 @@ def ratio_bars(ratios: Iterable[Ratio], title: str, subtitle: Iterable[str] = ()
         y="label_y:Q", text="label:N", **enc)
     one = alt.Chart(pd.DataFrame({"one": [1.0]})).mark_rule(
         strokeDash=[2, 2], color="#999").encode(y="one:Q")
-    return alt.layer(bars, text, one).properties(
+    layers = [bars, text, one]
+    if band is not None:  # behind the bars: what the claim allows
+        layers.insert(0, alt.Chart(pd.DataFrame({"low": [band[0]], "high": [band[1]]}))
+                      .mark_rect(color="#2ca02c", opacity=0.18).encode(y="low:Q", y2="high:Q"))
+        subtitle = [*subtitle, f"green band: {band[0]:g}–{band[1]:g}×, what the claim allows"]
+    return alt.layer(*layers).properties(
         width=int(min(600, max(200, 44 * data["ratio"].nunique() * len(sources)))),
         height=HEIGHT,
         title=titled(title, [*subtitle, "grey: the manual's ratio (reference); colours: "

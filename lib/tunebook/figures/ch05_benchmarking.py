@@ -123,7 +123,8 @@ def _no_peer(unit: FigureUnit, ev: Evidence) -> Claim:
 
 
 def _peer_chart(unit: FigureUnit, ev: Evidence, column: str, manual: float, qualifier: str,
-                title: str, subtitle: str) -> alt.TopLevelMixin:
+                title: str, subtitle: str, band: tuple[float, float] | None = None
+                ) -> alt.TopLevelMixin:
     """Ratio first: vLLM ÷ SGLang per load beside the manual's ratio (at its 32 users); each
     engine's own curve below."""
     t = peer_table(ev)
@@ -131,7 +132,7 @@ def _peer_chart(unit: FigureUnit, ev: Evidence, column: str, manual: float, qual
                            {"": float(getattr(r, column))}, qualifier) for r in t.itertuples()]
     if not ratios:
         ratios = [charts.Ratio("32 users", manual, {"": float("nan")}, qualifier)]
-    head = charts.ratio_bars(ratios, title, [subtitle])
+    head = charts.ratio_bars(ratios, title, [subtitle], band=band)
     return charts.ratio_first(head, charts.curves(_engine_named(ev.df), unit.plot),
                               unit.reference_panel())
 
@@ -172,9 +173,10 @@ class SameOutputAsSglang(FigureUnit):
         return peer_table(ev)
 
     def chart(self, ev: Evidence) -> alt.TopLevelMixin:
+        bound = self.ref("output_diff_pct_vllm_vs_sglang_max").value / 100
         return _peer_chart(self, ev, "output_ratio", 1.0, "≈",
                            "vLLM ÷ SGLang output tok/s per load (Fig 5.2)",
-                           "manual: within 3% (≈1×) up to 32 users")
+                           "manual: within 3% (≈1×) up to 32 users", band=(1 - bound, 1 + bound))
 
     def rule(self, ev: Evidence) -> Claim:
         """Holds when, at every load up to the manual's 32 users measured on both engines,
