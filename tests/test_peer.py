@@ -262,6 +262,9 @@ key = sys.argv[sys.argv.index("--api-key") + 1]
 print(f"server_args=ServerArgs(model_path='/m', api_key={key!r}, port=1)", flush=True)
 print("x" * 65530 + key + " split across two reads", flush=True)  # crosses the 64 KiB read
 subprocess.run([sys.executable, "-c", "import sys; print('child:', sys.argv[1])", key])
+if "--die-by-kill" in sys.argv:
+    import os
+    os.kill(os.getpid(), signal.SIGKILL)
 if "--wait" in sys.argv:
     signal.signal(signal.SIGTERM, lambda *_: (print("SIGTERM reached the server", flush=True),
                                                sys.exit(0)))
@@ -290,6 +293,16 @@ def test_the_shim_masks_the_key_in_everything_the_server_prints(tmp_path: Path) 
     assert "k3y-Zq8w7XyP0s9a" not in text
     assert "api_key='***'" in text and "***split" not in text and "*** split" in text
     assert "child: ***" in text
+
+
+def test_the_shim_ends_as_the_server_ended(tmp_path: Path) -> None:
+    """A server killed by a signal (the OOM killer's SIGKILL) leaves the shim killed by it too:
+    tunebook still reads exit code -9, as without the shim."""
+    import signal
+
+    proc = _shim(tmp_path, "--die-by-kill")
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
 
 
 def test_the_shim_passes_a_stop_on_to_the_server(tmp_path: Path) -> None:

@@ -54,8 +54,16 @@ def _write_all(out: int, data: bytes) -> None:
         view = view[os.write(out, view):]
 
 
-def _exit_code(status: int) -> int:
-    return os.waitstatus_to_exitcode(status) if status else 0
+def _exit_like(status: int) -> int:
+    """End as the server ended: killed by the same signal (a SIGKILL from the OOM killer stays
+    'exit code -9' for tunebook), else with its exit code."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig != signal.SIGKILL:  # (SIGKILL's handler cannot be set: it kills regardless)
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        return 128 + sig  # a signal that does not end a process by default
+    return os.waitstatus_to_exitcode(status)
 
 
 def main() -> int:
@@ -107,7 +115,7 @@ def main() -> int:
     while True:
         try:
             _, status = os.waitpid(pid, 0)
-            return _exit_code(status)
+            return _exit_like(status)
         except InterruptedError:
             continue
         except ChildProcessError:
