@@ -21,6 +21,7 @@ from tunebook.engine import build_argv
 from tunebook.evidence import CANNOT, DIFFERS, HOLDS, NOT_MEASURED, Evidence
 from tunebook.models import ModelRef
 from tunebook.plan import make_plan
+from tunebook.start_phases import parse_phases, running_phase
 from tunebook.sweep import Sweep
 
 BASE = {"experiment": "x", "model": "qwen3-tiny", "load": {"users": [1]}}
@@ -162,13 +163,13 @@ def test_an_sglang_start_phase_by_phase_from_a_real_log() -> None:
     "[2026-12-04 12:30:16]"); they add up to tunebook's spawn → /health time (the log's ready
     line, 150.808 s). The graph captures' own elapsed (76.89 + 5.84 s) beside them."""
     text = REAL_LOG.read_text()
-    ph = peer.parse_phases(text)
+    ph = parse_phases(text, engine="sglang")
     assert ph.total_s == pytest.approx(150.808, abs=1e-3) and not ph.missing
     assert ph.start_compile_s is None and ph.compile_cache is None  # SGLang compiles nothing
     assert ph.start_cuda_graphs_s == pytest.approx(82, abs=1)  # ±1 s: stamps are whole seconds
     assert (ph.weights_took_s, ph.cuda_graphs_took_s) == (0.15, pytest.approx(76.89 + 5.84))
     assert max(ph.seconds(), key=ph.seconds().get) == "cuda_graphs"
-    cut = [peer.running_phase(text[:text.index("\n", text.index(line))]) for line in (
+    cut = [running_phase(text[:text.index("\n", text.index(line))], "sglang") for line in (
         "tunebook: sglang", "Attention backend not specified", "Load weight begin",
         "Memory pool end", "Capture target decode CUDA graph end", "fired up")]
     assert cut == ["importing SGLang", "starting the scheduler", "loading weights",

@@ -399,10 +399,9 @@ class Engine:
         text = self.log_text()
         if self.kind == peer.SGLANG:
             self.facts = peer.parse_startup(text)
-            self.phases = peer.parse_phases(text, self.startup_s)
         else:
             self.facts = parse_startup(text)
-            self.phases = parse_phases(text, self.startup_s)
+        self.phases = parse_phases(text, self.startup_s, engine=self.kind)
         self.process_tree = self.snapshot_process_tree()
         return self.facts
 
@@ -458,9 +457,7 @@ class Engine:
             if on_phase:
                 text = self.log_text()
                 if len(text) > seen:
-                    phase = (peer.running_phase(text) if self.kind == peer.SGLANG
-                             else running_phase(text))
-                    seen = len(text)
+                    phase, seen = running_phase(text, self.kind), len(text)
                 on_phase(phase, elapsed)
             time.sleep(0.5)
 

@@ -14,7 +14,6 @@ Nothing here imports SGLang: tunebook only starts it as a server process.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import re
@@ -24,10 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunebook import start_phases
 from tunebook.knobs import ENGINE_KINDS
 from tunebook.knobs import argv as knob_argv
-from tunebook.start_phases import RUNNING, StartPhases
 from tunebook.startup import Diagnosis, FailedStart, StartupFacts, get_rule, rule, strip_ansi
 
 VLLM, SGLANG = ENGINE_KINDS
@@ -269,39 +266,6 @@ def parse_startup(log: str) -> StartupFacts:
         max_concurrency_x=round(pool / ctx, 2) if pool and ctx else None,
         cuda_graph_gib=round(sum(float(x) for x in _GRAPH_END.findall(log)), 2)
         if _GRAPH_END.search(log) else None)
-
-
-# --- where an SGLang start's time went (tunebook.start_phases' columns) -----------------------
-# Its lines in start order (0.5.17: scheduler.py's torch-distributed init, model_runner.py's
-# weights, memory_pool.py's KV pool, cuda_graph_setup.py's captures, http_server.py's warm-up
-# request): SGLang compiles nothing by default, so `compile` is missing and adds to the next.
-SGLANG_EVENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("engine_core", (r"Init torch distributed begin",)),
-    ("worker_init", (r"Load weight begin",)),
-    ("weights", (r"Load weight end",)),
-    ("profile_kv", (r"Memory pool end", r"KV Cache is allocated")),
-    ("cuda_graphs", (r"Capture target decode CUDA graph end", r"Capture .*CUDA graph end")),
-    ("warmup", (r"The server is fired up and ready to roll",)),
-)
-_SGLANG_UP = r"The server is fired up and ready to roll"  # after its warm-up request
-SGLANG_RUNNING = {**RUNNING, "api_import": "importing SGLang",
-                  "engine_core": "starting the scheduler"}
-_SGLANG_TOOK = {"weights_took_s": re.compile(r"Load weight end\. elapsed=([\d.]+) s")}
-_GRAPH_TOOK = re.compile(r"Capture .*?CUDA graph end\. elapsed=([\d.]+) s", re.I)
-
-
-def parse_phases(log: str, startup_s: float | None = None) -> StartPhases:
-    """An SGLang start, phase by phase, in the columns of a vLLM start; cuda_graphs_took_s is
-    SGLang's own elapsed of its captures (prefill + decode) summed."""
-    phases = start_phases.parse_phases(log, startup_s, events=SGLANG_EVENTS,
-                                       took=_SGLANG_TOOK, up=_SGLANG_UP)
-    graphs = [float(x) for x in _GRAPH_TOOK.findall(strip_ansi(log))]
-    return dataclasses.replace(phases, cuda_graphs_took_s=round(sum(graphs), 2)
-                               if graphs else None)
-
-
-def running_phase(log: str) -> str:
-    return start_phases.running_phase(log, SGLANG_EVENTS, SGLANG_RUNNING)
 
 
 # --- why an SGLang start failed: rows of tunebook.startup's table (SGLang 0.5.17's wording) ---

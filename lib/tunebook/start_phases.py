@@ -83,6 +83,42 @@ _TOOK = {
     "init_engine_took_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) "
                                      r"took ([\d.]+) s"),
 }
+
+
+@dataclass(frozen=True)
+class LogFormat:
+    """One engine's start-up lines: the events that cut its phases (in order), its own 'took'
+    lines (`took`: the first match; `took_sum`: every match added up), the line where its
+    server is up, and the words of the live progress line."""
+
+    events: tuple[tuple[str, tuple[str, ...]], ...]
+    took: dict[str, re.Pattern[str]]
+    up: str
+    running: dict[str, str]
+    took_sum: dict[str, re.Pattern[str]] = field(default_factory=dict)
+
+
+# SGLang 0.5.17 (the peer engine, tunebook.peer): scheduler.py's torch-distributed init,
+# model_runner.py's weights, memory_pool.py's KV pool, cuda_graph_setup.py's captures,
+# http_server.py's warm-up request. It compiles nothing by default: no `compile` event, so that
+# phase is absent; "up" is after its warm-up request, which runs once uvicorn is up.
+FORMATS: dict[str, LogFormat] = {
+    "vllm": LogFormat(EVENTS, _TOOK, r"Application startup complete", RUNNING),
+    "sglang": LogFormat(
+        events=(("engine_core", (r"Init torch distributed begin",)),
+                ("worker_init", (r"Load weight begin",)),
+                ("weights", (r"Load weight end",)),
+                ("profile_kv", (r"Memory pool end", r"KV Cache is allocated")),
+                ("cuda_graphs", (r"Capture target decode CUDA graph end",
+                                 r"Capture .*CUDA graph end")),
+                ("warmup", (r"The server is fired up and ready to roll",))),
+        took={"weights_took_s": re.compile(r"Load weight end\. elapsed=([\d.]+) s")},
+        up=r"The server is fired up and ready to roll",
+        running={**RUNNING, "api_import": "importing SGLang",
+                 "engine_core": "starting the scheduler"},
+        took_sum={"cuda_graphs_took_s": re.compile(
+            r"Capture .*?CUDA graph end\. elapsed=([\d.]+) s", re.I)}),
+}
 _CACHE_HIT = re.compile(r"Directly load AOT compilation|Directly load the compiled graph|"
                         r"loaded AOT compiled function")
 # (not "Dynamo bytecode transform time": vLLM 0.26 prints it when it loads from the cache too)
@@ -162,18 +198,15 @@ def spawn_from_filename(path: str | Path) -> datetime | None:
 
 
 def parse_phases(log: str, startup_s: float | None = None,
-                 spawn: datetime | None = None, *,
-                 events: tuple[tuple[str, tuple[str, ...]], ...] = EVENTS,
-                 took: dict[str, re.Pattern[str]] | None = None,
-                 up: str = r"Application startup complete") -> StartPhases:
+                 spawn: datetime | None = None, *, engine: str = "vllm") -> StartPhases:
     """The phases of the start at the top of `log` (one engine log = one start).
 
     `startup_s` (spawn → /health, tunebook's clock) closes the last phase; without it the
     log's own ready line is used, else the server's "Application startup complete" line.
-    `spawn` is for logs without a spawn line (see spawn_from_filename). `events`, `took` and
-    `up` (the line where the server is up) default to vLLM's; tunebook.peer passes SGLang's.
+    `spawn` is for logs without a spawn line (see spawn_from_filename). `engine`: whose
+    lines (FORMATS: vllm, sglang).
     """
-    took_rx = _TOOK if took is None else took
+    fmt = FORMATS[engine]
     text = strip_ansi(log)
     m = _SPAWN.search(text)
     if m:
@@ -184,7 +217,7 @@ def parse_phases(log: str, startup_s: float | None = None,
         startup_s = float(r.group(1))
     lines = text.splitlines()
     # The start ends where the server is up; later lines (serving, shutdown) are not read.
-    up_rx = re.compile(up)
+    up_rx = re.compile(fmt.up)
     end = next((i for i, ln in enumerate(lines) if up_rx.search(ln)), len(lines) - 1)
     lines = lines[:end + 1]
     stamped = [(i, t) for i, ln in enumerate(lines) if (t := _stamp(ln, year)) is not None]
@@ -206,7 +239,7 @@ def parse_phases(log: str, startup_s: float | None = None,
     marks: list[tuple[str, datetime]] = [("api_import", stamped[0][1])]
     missing: list[str] = []
     pos = stamped[0][0]
-    for phase, patterns in events:
+    for phase, patterns in fmt.events:
         hit = None
         for pat in patterns:
             rx = re.compile(pat)
@@ -235,10 +268,13 @@ def parse_phases(log: str, startup_s: float | None = None,
     if not first_known:
         seconds["api_import"] = None  # type: ignore[assignment]
 
-    took_s = {name: None for name in _TOOK}
-    for name, rx in took_rx.items():
+    took_s: dict[str, float | None] = {name: None for name in _TOOK}
+    for name, rx in fmt.took.items():
         mt = rx.search(text)
         took_s[name] = float(mt.group(1)) if mt else None
+    for name, rx in fmt.took_sum.items():
+        found = [float(x) for x in rx.findall(text)]
+        took_s[name] = round(sum(found), 2) if found else None
     hit_c, miss_c = bool(_CACHE_HIT.search(text)), bool(_CACHE_MISS.search(text))
     cache = "partial" if hit_c and miss_c else "hit" if hit_c else "miss" if miss_c else None
     return StartPhases(
@@ -248,11 +284,10 @@ def parse_phases(log: str, startup_s: float | None = None,
                                            {m for m, _ in marks}), **took_s)
 
 
-def running_phase(log: str, events: tuple[tuple[str, tuple[str, ...]], ...] = EVENTS,
-                  running: dict[str, str] | None = None) -> str:
+def running_phase(log: str, engine: str = "vllm") -> str:
     """What a start is doing now, for the live progress line: the phase after the last event
-    the log has reached (vLLM's events and words unless given)."""
-    words = RUNNING if running is None else running
+    the log has reached."""
+    events, words = FORMATS[engine].events, FORMATS[engine].running
     text = strip_ansi(log)
     if not (_TS.search(text) or _TS_FULL.search(text)):
         return words["api_import"]
@@ -287,13 +322,9 @@ def phases_frame(records: list[dict[str, Any]], root: Path) -> pd.DataFrame:
                 text = path.read_text(errors="replace")
             except OSError:
                 continue
-            if row.get("engine_kind") == "sglang":  # its own lines (tunebook.peer, which
-                from tunebook import peer  # imports this module: hence imported here)
-
-                phases = peer.parse_phases(text, float(row["startup_s"])).as_row()
-            else:
-                phases = parse_phases(text, float(row["startup_s"]),
-                                      spawn_from_filename(path)).as_row()
+            kind = row.get("engine_kind")
+            phases = parse_phases(text, float(row["startup_s"]), spawn_from_filename(path),
+                                  engine=kind if kind in FORMATS else "vllm").as_row()
         starts[key] = {"engine_label": row.get("engine_label"),
                        "engine_config_id": row.get("engine_config_id"),
                        "started_at": row.get("started_at"), "startup_s": row["startup_s"],
