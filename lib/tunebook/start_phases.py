@@ -71,7 +71,7 @@ RUNNING: dict[str, str] = {
 }
 
 _TS = re.compile(r"(?:^|\s)(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\s+(\d\d-\d\d \d\d:\d\d:\d\d)\b")
-# SGLang stamps its lines "[2026-12-04 12:30:16] …" (tunebook.peer reads its starts)
+# SGLang stamps its lines "[2026-12-04 12:30:16] …" (FORMATS["sglang"] below)
 _TS_FULL = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]", re.M)
 _SPAWN = re.compile(r"^tunebook: spawning the server at (\d\d-\d\d \d\d:\d\d:\d\d\.\d+)", re.M)
 _READY = re.compile(r"^tunebook: /health answered after ([\d.]+) s", re.M)
@@ -202,7 +202,7 @@ def parse_phases(log: str, startup_s: float | None = None,
     """The phases of the start at the top of `log` (one engine log = one start).
 
     `startup_s` (spawn → /health, tunebook's clock) closes the last phase; without it the
-    log's own ready line is used, else the server's "Application startup complete" line.
+    log's own ready line is used, else the line where the server is up (LogFormat.up).
     `spawn` is for logs without a spawn line (see spawn_from_filename). `engine`: whose
     lines (FORMATS: vllm, sglang).
     """
