@@ -206,6 +206,34 @@ def test_sglang_failed_starts_are_diagnosed(line: str, setting: str | None, valu
     assert d.line == line and ("SGLang" in d.error)
 
 
+LOGS = Path(__file__).parent / "data" / "logs"
+
+
+@pytest.mark.parametrize(("log", "knobs", "setting", "value", "cause"), [
+    # --context-length 200000 on Qwen3-8B (40,960): SGLang refuses it while parsing its
+    # arguments, before the scheduler starts (23 s)
+    ("sglang-0.5.17-h200-context-length-200000.log", {"max_model_len": 200000},
+     "max_model_len", 40960, "ValueError: Warning: User-specified context_length (200000)"),
+    # --mem-fraction-static 0.1 of the H200: the 15.3 GiB of weights fill it; SGLang prints the
+    # floor (0.111), tunebook adds 0.05 of headroom (after the weights load, 49 s)
+    ("sglang-0.5.17-h200-mem-fraction-0.1.log", {"gpu_memory_utilization": 0.1},
+     "gpu_memory_utilization", 0.16, "ValueError: Loaded weights leave no GPU memory"),
+])
+def test_real_failed_sglang_starts_are_diagnosed(log: str, knobs: dict, setting: str,
+                                                 value: object, cause: str) -> None:
+    """Two starts that failed on the lent H200 (params/ch05-peer-faults-h200.yaml, logs as the
+    shim wrote them, key masked): the cause is the traceback's own last line, and the setting
+    to change is computed from the numbers SGLang printed."""
+    from tunebook.startup import diagnose
+
+    text = (LOGS / log).read_text()
+    assert "api_key='***'" in text or "api_key" not in text  # the shim masked the key
+    d = diagnose(text, {"engine_kind": "sglang", **knobs})
+    assert (d.setting, d.suggested) == (setting, value)
+    assert d.line is not None and d.line.startswith(cause)
+    assert d.error.startswith("SGLang:")
+
+
 def _ev(rows: list[dict], gpu: str | None = "NVIDIA H200") -> Evidence:
     base = {"status": "ok", "hardware": gpu or "test box", "gpu_name": gpu,
             "request_rate": None, "prefix_len": 0, "model": "qwen3-8b"}
