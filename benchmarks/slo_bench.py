@@ -43,6 +43,7 @@ def replay(grid: dict, spec: slo.SearchSpec, bounds: tuple[slo.Bound, ...], seed
     scored that pick, and what it would have cost."""
     best = grid["best"][spec.objective] if "best" in grid else None
     scores = {repr(sorted(c["knobs"].items())): c["score"] for c in grid["configs"]}
+    missing = {repr(sorted(k.items())) for k in grid.get("missing_configs") or []}
     out = []
     for seed in range(seeds):
         ev = slo.Replay(grid, spec.objective)
@@ -55,6 +56,8 @@ def replay(grid: dict, spec: slo.SearchSpec, bounds: tuple[slo.Bound, ...], seed
             "within": (picked is not None and best is not None
                        and picked >= (1 - tolerance) * best),
             "configs": ev.engine_starts, "points": len(res.points),
+            # proposed configs the grid lacks: each answered "failed" at no cost
+            "missing_touched": len(ev.touched & missing),
             "engine_s": round(ev.engine_s, 1),
             "ratio": round(ev.engine_s / max(grid["engine_s"], 1e-9), 3),
             "stopped": res.stopped})
@@ -73,6 +76,33 @@ def replay_cells(reps: list[dict[str, Any]]) -> str:
             f"{statistics.median(ratios):.2f} | {ratios[min(n - 1, int(0.9 * n))]:.2f} | "
             f"{ratios[-1]:.2f} | {statistics.median(r['configs'] for r in reps):g} | "
             f"{max(r['configs'] for r in reps)} |")
+
+
+def live_stop(live: dict, spec: slo.SearchSpec, bounds: tuple[slo.Bound, ...],
+              min_gain: float) -> dict[str, Any] | None:
+    """Where the live search would have stopped under `budget.min_gain`: the search replayed on
+    its own stored points with the same seed. The stopping rule changes no proposal (TPE sees
+    the same scores in the same order), so the replay retraces the live run and only stops
+    sooner or later. None when it would have gone past the live record (a point not run)."""
+    ev = slo.Replay(live, spec.objective)
+    try:
+        res = slo.search(ev, dataclasses.replace(spec, min_gain=min_gain), bounds)
+    except KeyError:
+        return None
+    best = res.best
+    return {"min_gain": min_gain, "configs": ev.engine_starts, "points": len(res.points),
+            "engine_s": round(ev.engine_s, 1), "stopped": res.stopped,
+            "best": ({"knobs": best.knobs, spec.objective: best.score}
+                     if best is not None and best.score is not None else None)}
+
+
+def missing_note(reps: list[dict[str, Any]]) -> str:
+    """Say how many replays proposed a config the grid lacks (charged nothing for it, so
+    their cost reads low), when any did."""
+    hit = sum(1 for r in reps if r.get("missing_touched"))
+    return (f"{hit} of {len(reps)} replays proposed a config the grid lacks: it answered "
+            "nothing and cost nothing, so their engine time reads low (a measured config "
+            "costs a start of 58–145 s on the H200).\n" if hit else "")
 
 
 def where_it_ran(experiment: Path) -> dict[str, Any]:
@@ -131,6 +161,12 @@ def main() -> int:
     ap.add_argument("--reuse", type=Path, nargs="+", default=[], metavar="GRID",
                     help="earlier grid folders (…/<experiment>-grid) whose stored runs of "
                          "this space's configs are copied in first (never overwriting)")
+    ap.add_argument("--grid-outputs", type=Path, default=None, metavar="DIR",
+                    help="where the grid experiment lives when not beside the search (a fresh "
+                         "live search in its own folder, compared with a grid measured before)")
+    ap.add_argument("--live-stop", type=float, nargs="+", default=[], metavar="MIN_GAIN",
+                    help="also say where the stored live search would have stopped under "
+                         "each budget.min_gain (replayed on its own points, same seed)")
     ap.add_argument("--tolerance", type=float, default=None,
                     help="a pick the grid scores within this fraction of its best counts as "
                          "'within the grid's noise' (default: the grid answer's spread from "
@@ -145,22 +181,24 @@ def main() -> int:
     bounds = slo.parse_slo(list(params.slo))
     spec = slo.parse_search(params.search, params.load.users)
     if args.reuse:
-        n = reuse_grid(params, spec, Path(outputs), args.reuse)
+        n = reuse_grid(params, spec, Path(args.grid_outputs or outputs), args.reuse)
         print(f"reused {n} stored runs from {', '.join(map(str, args.reuse))}", flush=True)
     results: dict[str, dict | None] = {}
+    grid_outputs = args.grid_outputs or outputs
     for kind in ("grid", "search"):
         p = dataclasses.replace(params, experiment=f"{params.experiment}-{kind}")
+        where = grid_outputs if kind == "grid" else outputs
         if kind == "grid" and args.stored_only:
-            ev = slo_search.SweepEvaluator(p, outputs, progress=False, stored_only=True)
+            ev = slo_search.SweepEvaluator(p, where, progress=False, stored_only=True)
             out = slo_search.summary(p, slo.full_grid(ev, spec, bounds), ev)
             out["missing_configs"] = [c["knobs"] for c in out["configs"] if all(
                 q["value"] is None and not q.get("seconds") for q in c["points"])]
             results[kind] = out
             continue
         if kind not in args.kinds:
-            results[kind] = slo_search.stored(outputs, p.experiment)
+            results[kind] = slo_search.stored(where, p.experiment)
             continue
-        ev = slo_search.SweepEvaluator(p, outputs, progress=True)
+        ev = slo_search.SweepEvaluator(p, where, progress=True)
         # both start from empty compile caches (a fair race); a resumed one keeps its caches
         if compile_cache.enabled() and not any(ev.store.runs_dir.glob("*.json")):
             compile_cache.clear()
@@ -173,19 +211,19 @@ def main() -> int:
             ev.close()
         out = slo_search.summary(p, res, ev)
         out["wall_s"] = round(time.monotonic() - t0, 1)
-        folder = Path(outputs) / p.experiment / "search"
+        folder = Path(where) / p.experiment / "search"
         folder.mkdir(parents=True, exist_ok=True)
         write_new(folder / f"{stamp()}.json", json.dumps(out, indent=1, default=str).encode())
         results[kind] = out
         print(f"== {kind}: {slo_search.report_text(out)}", flush=True)
     g, s = results["grid"], results["search"]
     if g is None:
-        print(f"no full grid stored under {outputs}: nothing to compare (run --kinds grid)")
+        print(f"no full grid stored under {grid_outputs}: nothing to compare (run --kinds grid)")
         return 0
     if not g["configs"] or sum(len(c["points"]) for c in g["configs"]) < g["grid_points"]:
         print(f"the stored grid is incomplete ({sum(len(c['points']) for c in g['configs'])} of "
               f"{g['grid_points']} points): run --kinds grid again to finish it")
-    m = where_it_ran(Path(outputs) / f"{params.experiment}-grid")
+    m = where_it_ran(Path(grid_outputs) / f"{params.experiment}-grid")
     obj = spec.objective
 
     def answer(o: dict) -> str:
@@ -219,10 +257,35 @@ first, budget {spec.to_dict().get('budget', 'none')}, baseline {spec.baseline}.
         text += f"\nLive search: same config as the grid: **{'yes' if same else 'no'}**"
         if not same and "best" in g and "best" in s:
             pick = next((c for c in g["configs"] if c["knobs"] == s["best"]["knobs"]), None)
-            if pick is not None:  # the grid's own measurement of the search's pick
+            if pick is not None and pick["knobs"] in (g.get("missing_configs") or []):
+                # the grid has not measured it: only the search's own number compares
+                text += (f"; the grid has not measured its pick yet; the search's own "
+                         f"{s['best'][obj]:,.1f} {obj} is "
+                         f"{s['best'][obj] / g['best'][obj]:.2f}× the grid's best")
+            elif pick is not None:  # the grid's own measurement of the search's pick
                 text += (f"; the grid measured its pick at {pick['score'] or 0:,.1f} {obj} "
                          f"({(pick['score'] or 0) / g['best'][obj]:.2f}× the grid's best)")
-        text += f" (stopped: {s['stopped']}).\n"
+        text += f" (stopped: {s['stopped']})"
+        ran = s.get("search", {}).get("budget")
+        if ran != spec.to_dict().get("budget"):  # the params changed since the search ran
+            text += f"; it ran with budget {ran}, before the params' {spec.to_dict().get('budget')}"
+        text += ".\n"
+        stops = [x for x in (live_stop(s, spec, bounds, mg) for mg in args.live_stop)]
+        if stops:
+            text += ("\nThe same live search under another stopping rule (replayed on its own "
+                     "points, same seed: the rule changes no proposal, only where it stops):\n\n"
+                     "| budget.min_gain | configs started | engine time s | ÷ grid | answer | "
+                     "÷ the grid's best |\n|---|---|---|---|---|---|\n")
+            for mg, st in zip(args.live_stop, stops, strict=True):
+                if st is None:
+                    text += f"| {mg:g} | would have run past the live record | | | | |\n"
+                    continue
+                b = st["best"]
+                text += (f"| {mg:g} | {st['configs']} | {st['engine_s']:.0f} | "
+                         f"{st['engine_s'] / max(g['engine_s'], 1e-9):.2f} | "
+                         + (f"`{b['knobs']}`, {b[obj]:,.1f} | "
+                            f"{b[obj] / g['best'][obj]:.2f}× |" if b and "best" in g
+                            else "none | |") + "\n")
     base = g.get("baseline")
     if base and "best" in g and base["knobs"] not in (g.get("missing_configs") or []):
         bs = base.get(obj)
@@ -263,9 +326,10 @@ Names: {', '.join(f"{n['name']} `{n['knobs']}`" for n in noise)}{
     missing = g.get("missing_configs") or []
     if missing:
         text += (f"\n**Not measured**: {missing} (the device budget ran out; `--stored-only` "
-                 "rebuilt the grid from its stored points). Below, the grid's answer is over "
-                 "the configs measured; a replayed search that proposes a missing config "
-                 "gets nothing from it, at no cost.\n")
+                 "rebuilt the grid from its stored points). The grid's answer and engine time are "
+                 "over the configs measured: every \"÷ grid\" above divides by less than the "
+                 "full grid's time. A replayed search that proposes a missing config gets "
+                 "nothing from it, at no cost.\n")
     if args.replay:
         rspec = spec
         if spec.baseline and dict(spec.baseline) in missing:
@@ -286,11 +350,14 @@ answer and cost on the same numbers. "Within noise": the grid scores the pick wi
 | {REPLAY_HEAD}
 |---|---|---|---|---|---|---|
 | {replay_cells(reps)}
-"""
+
+{missing_note(reps)}"""
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(text)
     report.with_suffix(".json").write_text(json.dumps(
         {"grid": g, "search": s, "replay": reps, "tolerance": tolerance,
+         "live_stop": [x for x in (live_stop(s, spec, bounds, mg) for mg in args.live_stop)]
+         if s is not None else [],
          "noise": noise}, indent=1,
         default=str))
     print(text)

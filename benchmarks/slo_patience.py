@@ -1,7 +1,8 @@
 """How the search's stopping rule trades engine time for the answer (issue 15), on stored grids.
 
 Replays the search (benchmarks/slo_bench.replay) on the points a grid measured, for each
-`budget.patience` given and each seed, and writes one table row per patience: how often the
+`budget.patience` and `budget.min_gain` given and each seed, and writes one table row per pair
+(min_gain: what counts as beating the best, against noise): how often the
 pick is the grid's config or within its noise, and the engine time it would have cost ÷ the
 grid's. Starts no engine: it reads the grid summary that slo_bench wrote (benchmark.json).
 A search spends at least baseline + random start + patience engine starts, so on a small
@@ -9,6 +10,8 @@ space (few configs, starts dominating) its floor is a large share of the grid; t
 
     .venv/bin/python benchmarks/slo_patience.py params/slo.yaml outputs/cpu/slo-bench
     .venv/bin/python benchmarks/slo_patience.py params/slo-h200.yaml outputs/h200/slo-bench
+    .venv/bin/python benchmarks/slo_patience.py params/slo-h200-space3.yaml \
+        outputs/h200/slo-space3-bench --min-gain 1 1.03 1.05
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ def main() -> int:
     ap.add_argument("params", type=Path)
     ap.add_argument("folder", type=Path, help="slo_bench's --out folder (its benchmark.json)")
     ap.add_argument("--patience", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap.add_argument("--min-gain", type=float, nargs="+", default=[1.0],
+                    help="budget.min_gain values: a config resets patience only by beating "
+                         "the best by this factor (1: any gain)")
     ap.add_argument("--seeds", type=int, default=50)
     args = ap.parse_args()
     params = P.load(args.params)
@@ -52,12 +58,19 @@ def main() -> int:
         f"{'tried first' if spec.baseline else 'not measured, so not tried'}. Within noise: "
         f"the grid scores the pick within {tolerance:.0%} of its best (as in benchmark.md). "
         f"{args.seeds} seeds per row.", "",
-        f"| patience | {REPLAY_HEAD}",
-        "|---|---|---|---|---|---|---|---|"]
+        f"| patience | min_gain | {REPLAY_HEAD}" + (" proposed a missing config |" if missing
+                                                    else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if missing else "")]
     for patience in args.patience:
-        reps = replay(grid, dataclasses.replace(spec, patience=patience), bounds, args.seeds,
-                      tolerance)
-        lines.append(f"| {patience} | {replay_cells(reps)}")
+        for min_gain in args.min_gain:
+            reps = replay(grid, dataclasses.replace(spec, patience=patience, min_gain=min_gain),
+                          bounds, args.seeds, tolerance)
+            hit = sum(1 for r in reps if r.get("missing_touched"))
+            lines.append(f"| {patience} | {min_gain:g} | {replay_cells(reps)}"
+                         + (f" {hit}/{len(reps)} |" if missing else ""))
+    if missing:
+        lines += ["", "A replay that proposes a config the grid lacks gets nothing from it at "
+                      "no cost: those replays' engine time reads low."]
     text = "\n".join(lines) + "\n"
     (args.folder / "patience.md").write_text(text)
     print(text)

@@ -165,9 +165,10 @@ meeting them, without running the whole grid:
   Optuna's TPE proposes the next config from the ones measured (numeric knobs as ordered values);
   a new config is first tried at the best config's load level and cut short as soon as a point
   that misses the SLO serves no more than the best so far (it cannot win);
-- it ends when `budget.patience` configs in a row beat no best, or at the budget (configs,
-  minutes); the summary says what the answer cost in engine time, and how it compares with the
-  baseline at the same SLO.
+- it ends when `budget.patience` configs in a row beat no best (by `budget.min_gain`: a gain
+  smaller than the run-to-run noise does not count), or at the budget (configs, minutes); the
+  summary says what the answer cost in engine time, and how it compares with the baseline at
+  the same SLO.
 
 Every point is an ordinary stored run: running this again resumes, and reuses every stored point.
 Unattended: `tunebook tune params/slo.yaml` (exit 0: found, 1: no config meets the SLO)."""),

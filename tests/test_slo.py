@@ -214,6 +214,32 @@ def test_the_baseline_is_tried_first_and_patience_ends_the_search() -> None:
                                                 "search.budget.patience"}
 
 
+def test_gains_within_min_gain_move_the_answer_but_not_patience() -> None:
+    """Every config serves within 1% of every other (a space of noise, as most of the H200's
+    is): with min_gain 1.05 nothing after the baseline beats it by 5%, so the search stops
+    after the random start + patience configs; the answer is still the highest measured.
+    Without min_gain the same 1% steps keep resetting patience."""
+    def flat(knobs: dict[str, Any], users: int) -> dict[str, Any]:
+        tok_s = 1000.0 + knobs["max_num_seqs"] / 10 + knobs["max_num_batched_tokens"] / 1000
+        return {"status": "ok", "output_tok_s": tok_s * min(users, 8) / 8,
+                "p99_tpot_ms": 10.0 if users <= 8 else 30.0, "p99_ttft_ms": 100.0}
+
+    base = {"max_num_seqs": 4, "max_num_batched_tokens": 512}  # the least of the space
+    noisy = slo.search(flat, _spec(baseline=base, budget={"patience": 2, "min_gain": 1.05},
+                                   seed=0), BOUNDS)
+    assert len(noisy.outcomes) == 1 + _spec().startup + 2
+    assert "by 1.05×" in noisy.stopped
+    assert noisy.best.score == max(o.score for o in noisy.outcomes if o.score)
+    assert noisy.best.knobs != base  # a 1% better config is still the answer
+    plain = slo.search(flat, _spec(baseline=base, budget={"patience": 2}, seed=0), BOUNDS)
+    assert len(plain.outcomes) > len(noisy.outcomes)
+    with pytest.raises(slo.SearchSpecError) as e:
+        _spec(budget={"min_gain": 1.05})
+    assert "needs budget.patience" in str(e.value.problems)
+    with pytest.raises(slo.SearchSpecError):
+        _spec(budget={"patience": 2, "min_gain": 0.9})
+
+
 def test_a_config_is_first_tried_at_the_best_level_and_pruned_after_one_point() -> None:
     """The bar to beat is the best config's score at its level: a config that misses the SLO
     there and serves no more than that best is done after one point."""

@@ -112,6 +112,8 @@ class SearchSpec:
     max_minutes: float | None = None
     patience: int | None = None  # stop after this many proposed configs in a row that beat no
     # best (counted once TPE models the space, after its random start)
+    min_gain: float = 1.0  # a config "beats the best" for patience only by this factor: a
+    # smaller gain is within the run-to-run noise and would keep a search going on noise
     baseline: Mapping[str, Any] | None = None  # the config to beat (vLLM's defaults): tried first
     seed: int = 0
     gain: float = 1.05  # a level must beat the one below by this factor to count as a gain
@@ -136,7 +138,9 @@ class SearchSpec:
                                "sampler": self.sampler, "seed": self.seed, "gain": self.gain}
         budget = {k: v for k, v in (("engine_configs", self.max_configs),
                                     ("minutes", self.max_minutes),
-                                    ("patience", self.patience)) if v is not None}
+                                    ("patience", self.patience),
+                                    ("min_gain", self.min_gain if self.min_gain != 1.0
+                                     else None)) if v is not None}
         if budget:
             out["budget"] = budget
         if self.baseline:
@@ -165,7 +169,8 @@ def parse_slo(raw: Any) -> tuple[Bound, ...]:
 
 def parse_search(raw: Any, users_default: Sequence[int] = ()) -> SearchSpec:
     """`search:` — {knobs: {name: [values]}, users: [levels], objective, sampler, seed,
-    budget: {engine_configs: N, minutes: M, patience: P}, gain, baseline, confirm}."""
+    budget: {engine_configs: N, minutes: M, patience: P, min_gain: G}, gain, baseline,
+    confirm}."""
     p: list[tuple[str, str]] = []
     if not isinstance(raw, dict):
         raise SearchSpecError([("search", "must be a mapping: knobs, users, objective, budget")])
@@ -219,14 +224,24 @@ def parse_search(raw: Any, users_default: Sequence[int] = ()) -> SearchSpec:
                                  "more than the one below to count as a gain)"))
     budget = raw.get("budget", {})
     max_configs = max_minutes = patience = None
+    min_gain: Any = 1.0
     if not isinstance(budget, dict):
         p.append(("search.budget", "must be a mapping: {engine_configs: N}, {minutes: M} "
-                                   "and/or {patience: P}"))
+                                   "and/or {patience: P, min_gain: G}"))
     else:
         for k in budget:
-            if k not in ("engine_configs", "minutes", "patience"):
+            if k not in ("engine_configs", "minutes", "patience", "min_gain"):
                 p.append((f"search.budget.{k}", "unknown; allowed: engine_configs, minutes, "
-                                                "patience"))
+                                                "patience, min_gain"))
+        min_gain = budget.get("min_gain", 1.0)
+        if (not isinstance(min_gain, int | float) or isinstance(min_gain, bool)
+                or not 1 <= min_gain <= 2):
+            p.append(("search.budget.min_gain", "must be a number in [1, 2] (1.05: a config "
+                                                "resets patience only by serving 5% more than "
+                                                "the best so far)"))
+        elif "min_gain" in budget and budget.get("patience") is None:
+            p.append(("search.budget.min_gain", "needs budget.patience: it says what counts "
+                                                "as beating the best for patience"))
         patience = budget.get("patience")
         if patience is not None and (not isinstance(patience, int)
                                      or isinstance(patience, bool) or patience < 1):
@@ -263,6 +278,7 @@ def parse_search(raw: Any, users_default: Sequence[int] = ()) -> SearchSpec:
                       max_configs=max_configs,
                       max_minutes=float(max_minutes) if max_minutes is not None else None,
                       patience=patience, baseline=dict(baseline) if baseline else None,
+                      min_gain=float(min_gain) if isinstance(min_gain, int | float) else 1.0,
                       seed=seed, gain=float(gain))
 
 
@@ -460,7 +476,8 @@ def search(evaluate: Evaluate, spec: SearchSpec, bounds: Sequence[Bound],
     """Optuna proposes engine configs (spec.sampler), each is bisected by `best_load` with the
     best score so far as the bar to beat, starting at the best's load level; ends when every
     config of the space was tried or the budget (configs, minutes, patience: configs in a row
-    that beat no best) is spent."""
+    that beat no best by `min_gain`) is spent. A config within min_gain of the best still
+    becomes the best (the answer is the highest measured), but does not reset patience."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -507,7 +524,9 @@ def search(evaluate: Evaluate, spec: SearchSpec, bounds: Sequence[Bound],
             done = best_load(evaluate, knobs, spec.users, bounds, spec.objective,
                              beat=lead.score if lead else None, gain=spec.gain, first=first)
             outcomes[key(knobs)] = done
-            beat = done.score is not None and (lead is None or done.score > (lead.score or 0))
+            # beating the best by less than min_gain is noise: it moves the answer, not patience
+            beat = done.score is not None and (
+                lead is None or done.score > (lead.score or 0) * spec.min_gain)
             # patience counts the sampler's own proposals, not the random draws it starts with
             modelled = len(outcomes) > spec.startup + (1 if spec.baseline else 0)
             since_best = 0 if beat else since_best + (1 if modelled else 0)
@@ -528,7 +547,8 @@ def search(evaluate: Evaluate, spec: SearchSpec, bounds: Sequence[Bound],
             stopped = f"budget: {spec.max_configs} engine configs"
             break
         if spec.patience is not None and since_best >= spec.patience:
-            stopped = (f"patience: {since_best} engine configs in a row beat no best "
+            by = f" by {spec.min_gain:g}×" if spec.min_gain != 1.0 else ""
+            stopped = (f"patience: {since_best} engine configs in a row beat no best{by} "
                        f"({len(outcomes)} of {len(grid)} tried)")
             break
         if spec.max_minutes is not None and time.monotonic() - t0 > 60 * spec.max_minutes:

@@ -151,7 +151,8 @@ def describe(params: SweepParams) -> str:
              + (", ".join(x for x in (
                  f"{spec.max_configs} engine configs" if spec.max_configs else "",
                  f"{spec.max_minutes:g} minutes" if spec.max_minutes else "",
-                 f"patience {spec.patience} (configs in a row that beat no best)"
+                 f"patience {spec.patience} (configs in a row that beat no best"
+                 + (f" by {spec.min_gain:g}×" if spec.min_gain != 1.0 else "") + ")"
                  if spec.patience else "") if x)
                 or "none (every config may be tried)")]
     if spec.baseline:
