@@ -141,6 +141,24 @@ def test_ratio_bars(results):
                 and r["source"].startswith("manual")]
 
 
+def test_a_band_claim_gets_dots_on_a_zoomed_axis():
+    """Within 3%: bars from 0 would make a 3.5% gap a few pixels; dots on an axis zoomed to
+    the band (and every value) show it."""
+    ratios = [charts.Ratio("8 users", None, {"": 0.965}, "≈"),
+              charts.Ratio("32 users", 1.0, {"": 0.982}, "≈")]
+    spec = _spec(charts.ratio_bars(ratios, "t", band=(0.97, 1.03)))
+    marks = [layer["mark"] for layer in spec["layer"]]
+    assert any(isinstance(m, dict) and m["type"] == "point" for m in marks)
+    assert not any(isinstance(m, dict) and m["type"] == "bar" for m in marks)
+    y = next(layer["encoding"]["y"] for layer in spec["layer"]
+             if isinstance(layer["mark"], dict) and layer["mark"]["type"] == "point")
+    low, high = y["scale"]["domain"]
+    assert y["scale"]["zero"] is False and low < 0.965 and high > 1.03 and low > 0.9
+    plain = _spec(charts.ratio_bars(ratios, "t"))  # no band: bars from 0, as before
+    assert any(isinstance(layer["mark"], dict) and layer["mark"]["type"] == "bar"
+               for layer in plain["layer"])
+
+
 def test_ratio_first_puts_the_ratio_on_top(results):
     head = charts.ratio_bars([charts.Ratio("x", 2.0, {"a": 1.5})], "ratio")
     chart = charts.ratio_first(head, charts.scaling(results), figures.get("1.3").reference_panel())
