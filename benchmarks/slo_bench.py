@@ -250,6 +250,7 @@ first, budget {spec.to_dict().get('budget', 'none')}, baseline {spec.baseline}.
 |---|---|---|---|---|---|
 {row("full grid", g)}
 """
+    stops: list[dict[str, Any] | None] = []
     if s is not None:
         text += row(f"live search ({spec.sampler}, seed {spec.seed})", s) + "\n"
         same = ("best" in g) == ("best" in s) and (
@@ -270,7 +271,7 @@ first, budget {spec.to_dict().get('budget', 'none')}, baseline {spec.baseline}.
         if ran != spec.to_dict().get("budget"):  # the params changed since the search ran
             text += f"; it ran with budget {ran}, before the params' {spec.to_dict().get('budget')}"
         text += ".\n"
-        stops = [x for x in (live_stop(s, spec, bounds, mg) for mg in args.live_stop)]
+        stops = [live_stop(s, spec, bounds, mg) for mg in args.live_stop]
         if stops:
             text += ("\nThe same live search under another stopping rule (replayed on its own "
                      "points, same seed: the rule changes no proposal, only where it stops):\n\n"
@@ -356,8 +357,7 @@ answer and cost on the same numbers. "Within noise": the grid scores the pick wi
     report.write_text(text)
     report.with_suffix(".json").write_text(json.dumps(
         {"grid": g, "search": s, "replay": reps, "tolerance": tolerance,
-         "live_stop": [x for x in (live_stop(s, spec, bounds, mg) for mg in args.live_stop)]
-         if s is not None else [],
+         "live_stop": stops,
          "noise": noise}, indent=1,
         default=str))
     print(text)

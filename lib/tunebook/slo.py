@@ -278,7 +278,7 @@ def parse_search(raw: Any, users_default: Sequence[int] = ()) -> SearchSpec:
                       max_configs=max_configs,
                       max_minutes=float(max_minutes) if max_minutes is not None else None,
                       patience=patience, baseline=dict(baseline) if baseline else None,
-                      min_gain=float(min_gain) if isinstance(min_gain, int | float) else 1.0,
+                      min_gain=float(min_gain),
                       seed=seed, gain=float(gain))
 
 
