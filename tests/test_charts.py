@@ -309,3 +309,35 @@ def test_where_the_search_went_has_a_panel_per_third_knob_value() -> None:
     assert {r["quantization"] for r in cells[0]} == {"default"}
     assert any("★" in r["label"] for r in cells[1]) and not any("★" in r["label"]
                                                                for r in cells[0])
+
+
+def test_slo_points_put_the_bound_that_binds_on_x():
+    """Two bounds, and the points miss only TTFT's: a chart of TPOT would show crosses left
+    of its line, so x is p99_ttft_ms and the subtitle says why; configs of several knobs are
+    named by their values under a title naming the knobs."""
+    def pt(users: int, tok_s: float, tpot: float, ttft: float) -> dict:
+        return {"users": users, "value": tok_s, "p99_tpot_ms": tpot, "p99_ttft_ms": ttft,
+                "meets": tpot <= 40 and ttft <= 2000}
+
+    summary = {
+        "slo": ["p99_tpot_ms <= 40", "p99_ttft_ms <= 2000"],
+        "search": {"objective": "output_tok_s",
+                   "knobs": {"quantization": [None, "fp8"], "max_num_seqs": [256, 1024]}},
+        "configs": [
+            {"knobs": {"quantization": None, "max_num_seqs": 1024}, "pruned": False,
+             "points": [pt(128, 5900, 20, 1600), pt(192, 5950, 25, 2600)]},
+            {"knobs": {"quantization": "fp8", "max_num_seqs": 256}, "pruned": False,
+             "points": [pt(192, 8300, 20, 1700), pt(256, 8400, 26, 2500)]}],
+        "best": {"knobs": {"quantization": "fp8", "max_num_seqs": 256}, "users": 192,
+                 "output_tok_s": 8300},
+        "points": 4, "engine_starts": 2, "engine_s": 300, "grid_points": 16}
+    spec = _spec(charts.slo_points(summary))
+    x_fields = {layer["encoding"]["x"]["field"] for layer in spec["layer"]
+                if "x" in layer.get("encoding", {})}
+    assert x_fields == {"p99_ttft_ms"}
+    assert any("x: p99_ttft_ms, the bound that binds: 2 of the 2 points that miss the SLO "
+               "miss it" in t
+               for t in spec["title"]["subtitle"])
+    colour = spec["layer"][0]["encoding"]["color"]
+    assert colour["title"] == "quantization · max_num_seqs"
+    assert "fp8 · 256" in _data_text(charts.slo_points(summary))

@@ -208,3 +208,27 @@ def test_slo_bench_reuse_copies_an_earlier_grids_runs(sim: dict, tmp_path: Path)
     ev = slo_search.SweepEvaluator(grid, tmp_path / "new", progress=False, stored_only=True)
     got = [ev(dict(k), u) for k, u in {(c, u) for c, u in sim["benched"]}]
     assert SimServer.started == started and all(r["status"] == "ok" for r in got)
+
+
+def test_a_replot_says_when_the_params_changed_since_the_search(sim: dict, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture
+                                                                ) -> None:
+    """The notebook's replot shows the newest stored search; when the params' search section
+    has changed since it ran (a new budget), it says what the stored one ran with."""
+    import yaml
+
+    p = _params()
+    code, _ = slo_search.tune(p, tmp_path / "out", progress=False)
+    assert code == slo_search.EXIT_FOUND
+    changed = p.to_dict()
+    changed["search"] = {**changed["search"], "budget": {"patience": 2, "min_gain": 1.05}}
+    f = tmp_path / "slo.yaml"
+    f.write_text(yaml.safe_dump(changed))
+    capsys.readouterr()
+    slo_search.run_or_replot(f, outputs=tmp_path / "out", dry_run=True)
+    text = capsys.readouterr().out
+    assert "patience 2 (configs in a row that beat no best by 1.05×)" in text
+    assert "it ran with {'budget': None}: the params have changed since" in text
+    f.write_text(yaml.safe_dump(p.to_dict()))  # as it ran: nothing to say
+    slo_search.run_or_replot(f, outputs=tmp_path / "out", dry_run=True)
+    assert "have changed since" not in capsys.readouterr().out

@@ -27,7 +27,7 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from tunebook import schema, stats
+from tunebook import schema, slo, stats
 from tunebook.manual import RESULT, SETTING, SOURCE, Ref
 from tunebook.store import ok_rows
 
@@ -665,18 +665,35 @@ def start_phases(frame: pd.DataFrame, title: str = "Where each engine start's ti
 
 
 # --- the SLO search (tunebook.slo_search) --------------------------------------------------
+def _binding_bound(summary: Mapping[str, Any]) -> tuple[slo.Bound, int, int]:
+    """The SLO bound the evaluated points miss most often (ties: the first listed): the one
+    whose metric the chart of points puts on x, so a point that misses reads as past its
+    line. (bound, points that miss it, points that miss any bound)."""
+    bounds = [slo.Bound.parse(b) for b in summary.get("slo", [])]
+    points = [p for c in summary.get("configs", []) for p in c["points"]]
+    counts = [sum(1 for p in points if not b.met(p) and b.slack(p) is not None)
+              for b in bounds]
+    i = max(range(len(bounds)), key=lambda j: (counts[j], -j))
+    return bounds[i], counts[i], sum(1 for p in points if not p.get("meets"))
+
+
 def slo_points(summary: Mapping[str, Any]) -> alt.LayerChart | None:
-    """Every point the search evaluated: the first SLO metric (x) against the objective (y),
-    filled where every bound is met; the bound as a dashed rule, the Pareto frontier of the
-    points that meet it as a line, the answer ringed."""
-    bounds = [b.split() for b in summary.get("slo", [])]
+    """Every point the search evaluated: the SLO metric that binds (the bound missed most
+    often) on x against the objective on y, filled where every bound is met; the bound as a
+    dashed rule, the Pareto frontier of the points that meet it as a line, the answer ringed.
+    Configs are named by their knob values (the legend's title names the knobs)."""
     objective = summary.get("search", {}).get("objective", "output_tok_s")
-    if not bounds:
+    if not summary.get("slo"):
         return None
-    metric, _, limit = bounds[0]
+    bound, binding, missed = _binding_bound(summary)
+    metric, limit = bound.metric, bound.value
+    knobs = list(summary.get("search", {}).get("knobs", {}))
+    many = len(knobs) > 1  # "fp8 · 1024 · 2048" under a title naming the knobs
     rows = []
     for c in summary.get("configs", []):
-        label = display_label(", ".join(f"{k}={knob_text(v)}" for k, v in c["knobs"].items()))
+        label = (" · ".join(knob_text(c["knobs"].get(k)) for k in knobs) if many
+                 else display_label(", ".join(f"{k}={knob_text(v)}"
+                                              for k, v in c["knobs"].items())))
         for p in c["points"]:
             if p.get("value") is None or p.get(metric) is None:
                 continue
@@ -691,8 +708,10 @@ def slo_points(summary: Mapping[str, Any]) -> alt.LayerChart | None:
     x = alt.X(f"{metric}:Q", title=axis_title(metric), scale=alt.Scale(zero=False))
     y = alt.Y(f"{objective}:Q", title=axis_title(objective))
     points = alt.Chart(data).mark_point(size=70, filled=True).encode(
-        x=x, y=y, color=alt.Color("config:N", title="engine config",
-                                  legend=alt.Legend(orient="bottom", columns=2, labelLimit=320)),
+        x=x, y=y, color=alt.Color("config:N", title=" · ".join(knobs) if many
+                                  else "engine config",
+                                  legend=alt.Legend(orient="bottom", columns=2, labelLimit=320,
+                                                    titleLimit=600)),
         shape=alt.Shape("meets the SLO:N", scale=alt.Scale(domain=["yes", "no"],
                                                            range=["circle", "cross"])),
         tooltip=list(data.columns))
@@ -713,11 +732,14 @@ def slo_points(summary: Mapping[str, Any]) -> alt.LayerChart | None:
              f" the full grid has {summary.get('grid_points')} points")
     answer = (f"answer: {best['knobs']} at {best['users']} users" if best
               else "no config meets the SLO")
+    why_x = (f"x: {metric}, the bound that binds: {binding} of the {missed} points that miss "
+             "the SLO miss it"
+             if len(summary["slo"]) > 1 else "")
     return alt.layer(*layers).properties(
         width=WIDTH + 80, height=HEIGHT,
         title=titled("SLO search: every evaluated point", [
             " and ".join(summary["slo"]) + f" (red: {metric}'s bound); dashed: the frontier",
-            answer, spent]))
+            *([why_x] if why_x else []), answer, spent]))
 
 
 def knob_text(value: Any) -> str:

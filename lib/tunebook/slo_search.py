@@ -337,6 +337,11 @@ def run_or_replot(params_file: str | Path, overrides: dict[str, Any] | None = No
         out = stored(Path(outputs).resolve(), params.experiment)
         print("dry run: nothing starts; " + ("the newest stored search:" if out else
                                             "no search is stored yet"))
+        now = slo.parse_search(params.search, params.load.users).to_dict()
+        if out and out.get("search") and out["search"] != now:  # the params changed since
+            changed = {k: out["search"].get(k) for k in sorted(set(now) | set(out["search"]))
+                       if out["search"].get(k) != now.get(k)}
+            print(f"  (it ran with {changed}: the params have changed since)")
     else:
         _, out = tune(params, Path(outputs).resolve(), progress)
     if out:
