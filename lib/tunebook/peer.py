@@ -25,6 +25,7 @@ from typing import Any
 
 from tunebook.knobs import ENGINE_KINDS
 from tunebook.knobs import argv as knob_argv
+from tunebook.sglang_launch import KEY_ENV as KEY_ENV  # the shim pops it: one name, both sides
 from tunebook.startup import Diagnosis, FailedStart, StartupFacts, get_rule, rule, strip_ansi
 
 VLLM, SGLANG = ENGINE_KINDS
@@ -32,7 +33,6 @@ SGLANG_MODULE = "sglang.launch_server"
 # The server is started through this shim, which hands it the API key from the environment
 # (SGLang takes the key only as --api-key: a command line every user can read).
 LAUNCHER = "tunebook.sglang_launch"
-KEY_ENV = "TUNEBOOK_SGLANG_API_KEY"
 
 
 def kind_of(knobs: Mapping[str, Any]) -> str:

@@ -17,7 +17,7 @@ import runpy
 import signal
 import sys
 
-KEY_ENV = "TUNEBOOK_SGLANG_API_KEY"  # tunebook.peer.KEY_ENV (not imported: keep start-up light)
+KEY_ENV = "TUNEBOOK_SGLANG_API_KEY"  # the key travels here (tunebook.peer imports this name)
 MODULE_ENV = "TUNEBOOK_SGLANG_MODULE"  # tests: the module to run instead of SGLang's server
 MASK = b"***"
 
