@@ -157,7 +157,8 @@ def main() -> int:
                          "reported missing")
     ap.add_argument("--noise-check", type=int, default=0, metavar="N",
                     help="measure the grid's answer, the live search's pick and the baseline N "
-                         "times more each (one engine start each), to judge 'within noise'")
+                         "times more each (one engine start each), to judge 'within noise'; "
+                         "with --stored-only, read back the repeats stored before")
     ap.add_argument("--reuse", type=Path, nargs="+", default=[], metavar="GRID",
                     help="earlier grid folders (…/<experiment>-grid) whose stored runs of "
                          "this space's configs are copied in first (never overwriting)")
@@ -251,6 +252,7 @@ first, budget {spec.to_dict().get('budget', 'none')}, baseline {spec.baseline}.
 {row("full grid", g)}
 """
     stops: list[dict[str, Any] | None] = []
+    paired: dict[str, Any] | None = None
     if s is not None:
         text += row(f"live search ({spec.sampler}, seed {spec.seed})", s) + "\n"
         same = ("best" in g) == ("best" in s) and (
@@ -271,6 +273,17 @@ first, budget {spec.to_dict().get('budget', 'none')}, baseline {spec.baseline}.
         if ran != spec.to_dict().get("budget"):  # the params changed since the search ran
             text += f"; it ran with budget {ran}, before the params' {spec.to_dict().get('budget')}"
         text += ".\n"
+        paired = slo_search.paired_points(s, g)
+        if paired:
+            flips = "; ".join(f"`{f['knobs']}` at {f['users']} users (meets: search "
+                              f"{f['meets'][0]}, grid {f['meets'][1]})"
+                              for f in paired["verdict_flips"])
+            text += (f"\nRun-to-run noise, at no extra engine time: {paired['n']} points were "
+                     f"measured by both the live search and the grid (same config and load, "
+                     f"each on its own engine start). {obj} differs by "
+                     f"{paired['median_dev']:.1%} in the median and {paired['max_dev']:.1%} "
+                     f"at most; the SLO verdict differs at {len(paired['verdict_flips'])}"
+                     + (f": {flips}" if flips else "") + ".\n")
         stops = [live_stop(s, spec, bounds, mg) for mg in args.live_stop]
         if stops:
             text += ("\nThe same live search under another stopping rule (replayed on its own "
@@ -308,7 +321,7 @@ first, budget {spec.to_dict().get('budget', 'none')}, baseline {spec.baseline}.
             picks["baseline"] = base
         with sigterm_as_exception():
             noise = slo_search.remeasure(params, Path(outputs), picks, args.noise_check,
-                                             obj, bounds)
+                                         obj, bounds, stored_only=args.stored_only)
         if tolerance is None and noise[0]["spread"] is not None:
             tolerance = noise[0]["spread"]  # the grid answer's own run-to-run spread
         text += f"""
@@ -322,6 +335,25 @@ Names: {', '.join(f"{n['name']} `{n['knobs']}`" for n in noise)}{
 |---|---|---|---|---|---|
 """ + "\n".join(f"| {n['name']} | {n['users']} | {n['values']} | {n['mean']} | "
                 f"{n['spread']} | {n['meets']}/{len(n['values'])} |" for n in noise) + "\n"
+        named = {n["name"]: n for n in noise}
+        if ("live search's pick" in named and named["grid's answer"]["mean"]
+                and named["live search's pick"]["mean"]):
+            pk, ga = named["live search's pick"], named["grid's answer"]
+            c = slo_search.confirm_pick([pk, ga], args.noise_check)
+            if c.get("within_noise"):
+                verdict = "**within noise**: the gap is inside their run-to-run spread"
+            elif c["pick"] == pk["knobs"]:
+                verdict = "**ahead of it**: " + ("it meets the SLO more often"
+                                                 if pk["meets"] > ga["meets"] else
+                                                 "by more than the run-to-run spread")
+            else:
+                verdict = "**not within noise**: the grid's answer " + (
+                    "meets the SLO more often" if ga["meets"] > pk["meets"]
+                    else "is ahead by more than the run-to-run spread")
+            text += (f"\nRe-measured side by side, the live search's pick serves "
+                     f"{pk['mean'] / ga['mean']:.2f}× the grid's answer (means; SLO met "
+                     f"{pk['meets']}/{len(pk['values'])} vs {ga['meets']}/{len(ga['values'])}): "
+                     f"{verdict}.\n")
     tolerance = 0.05 if tolerance is None else tolerance
     reps: list[dict] = []
     missing = g.get("missing_configs") or []
@@ -358,7 +390,7 @@ answer and cost on the same numbers. "Within noise": the grid scores the pick wi
     report.with_suffix(".json").write_text(json.dumps(
         {"grid": g, "search": s, "replay": reps, "tolerance": tolerance,
          "live_stop": stops,
-         "noise": noise}, indent=1,
+         "noise": noise, "paired": paired}, indent=1,
         default=str))
     print(text)
     return 0

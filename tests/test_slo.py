@@ -298,3 +298,27 @@ def test_the_full_grid_measures_the_baseline_first() -> None:
     grid = slo.full_grid(eng, _spec(baseline=base), BOUNDS)
     assert dict(eng.calls[0][0]) == base and grid.outcomes[0].knobs == base
     assert len(grid.outcomes) == len(_spec().grid())  # every config still, once
+
+
+def test_points_measured_twice_give_the_run_to_run_noise() -> None:
+    from tunebook.slo_search import paired_points
+
+    def summ(points: dict[tuple[int, int], tuple[float | None, bool]]) -> dict:
+        configs: dict[int, list] = {}
+        for (seqs, users), (value, meets) in points.items():
+            configs.setdefault(seqs, []).append(
+                {"users": users, "value": value, "meets": meets, "seconds": 5.0})
+        return {"configs": [{"knobs": {"max_num_seqs": k}, "points": v}
+                            for k, v in configs.items()]}
+
+    search = summ({(8, 4): (110.0, True), (8, 8): (90.0, True), (16, 8): (200.0, False),
+                   (32, 8): (None, False)})
+    grid = summ({(8, 4): (100.0, True), (8, 8): (100.0, False), (16, 8): (200.0, False),
+                 (16, 16): (300.0, True), (32, 8): (50.0, False)})
+    p = paired_points(search, grid)
+    assert p is not None and p["n"] == 3  # a failed point (no value) pairs with nothing
+    assert {(q["knobs"]["max_num_seqs"], q["users"]): q["ratio"] for q in p["pairs"]} == {
+        (8, 4): 1.1, (8, 8): 0.9, (16, 8): 1.0}
+    assert p["median_dev"] == pytest.approx(0.1) and p["max_dev"] == pytest.approx(0.1)
+    assert [(f["knobs"], f["users"]) for f in p["verdict_flips"]] == [({"max_num_seqs": 8}, 8)]
+    assert paired_points(summ({(64, 1): (1.0, True)}), grid) is None

@@ -140,6 +140,24 @@ def test_a_stored_only_evaluator_never_starts_an_engine(sim: dict, tmp_path: Pat
         assert stored or pt.row["status"] == slo_search.STATUS_MISSING
 
 
+def test_repeats_measured_on_a_device_are_read_back_without_an_engine(
+        sim: dict, tmp_path: Path) -> None:
+    """slo_bench --noise-check N --stored-only: the repeats a device call measured are reported
+    here from their stored runs; nothing starts, and a pick never re-measured has no values."""
+    p, knobs = _params(), {"max_num_seqs": 8, "max_num_batched_tokens": 2048}
+    picks = {"grid's answer": {"knobs": knobs, "users": 4}}
+    live = slo_search.remeasure(p, tmp_path / "out", picks, 3, "output_tok_s", BOUNDS,
+                                progress=False)
+    started = SimServer.started
+    picks["other"] = {"knobs": {**knobs, "max_num_seqs": 16}, "users": 4}
+    back = slo_search.remeasure(p, tmp_path / "out", picks, 3, "output_tok_s", BOUNDS,
+                                progress=False, stored_only=True)
+    assert SimServer.started == started  # nothing started
+    assert back[0]["values"] == live[0]["values"] and len(back[0]["values"]) == 3
+    assert back[0]["meets"] == live[0]["meets"] and back[0]["engine_s"] >= 0
+    assert back[1]["values"] == [] and back[1]["mean"] is None
+
+
 def test_point_cost_reads_a_runs_clock() -> None:
     row = {"started_at": "2026-12-04T04:23:16.615Z", "finished_at": "2026-12-04T04:23:18.294Z",
            "startup_s": 27.5}

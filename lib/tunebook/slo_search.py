@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 import time
 from datetime import datetime
 from pathlib import Path
@@ -167,11 +168,13 @@ def describe(params: SweepParams) -> str:
 
 def remeasure(params: SweepParams, outputs: Path, picks: dict[str, dict[str, Any]],
               repeats: int, objective: str, bounds: tuple[slo.Bound, ...],
-              progress: bool = True) -> list[dict[str, Any]]:
+              progress: bool = True, stored_only: bool = False) -> list[dict[str, Any]]:
     """Each pick (name -> {knobs, users}) measured `repeats` more times at its own best level,
     one engine start each, in `<experiment>-noise`: one draw per point is noisy, and the best
     of many noisy draws is biased up; the repeats say by how much, and whether the answer's
-    lead over the runner-up is more than the run-to-run spread."""
+    lead over the runner-up is more than the run-to-run spread. `stored_only`: start nothing,
+    read the repeats stored before (re-measured on a device, reported here); `engine_s` is
+    then the stored runs' own time (no start: it is not stored per run)."""
     p0 = dataclasses.replace(params, experiment=f"{params.experiment}-noise", repeats=repeats,
                              parts=())
     out = []
@@ -180,7 +183,8 @@ def remeasure(params: SweepParams, outputs: Path, picks: dict[str, dict[str, Any
                                 load=dataclasses.replace(p0.load, users=(pick["users"],)))
         sweep = Sweep(p, outputs, progress=progress)
         t0 = time.monotonic()
-        sweep.run()
+        if not stored_only:
+            sweep.run()
         rows = sweep.store.latest_rows(r.run_id for r in sweep.plan.runs)
         ok = [r for r in rows if r.get("status") == schema.STATUS_OK
               and isinstance(r.get(objective), int | float)]
@@ -192,7 +196,8 @@ def remeasure(params: SweepParams, outputs: Path, picks: dict[str, dict[str, Any
                     "mean": round(mean, 1) if mean is not None else None,
                     "spread": round((max(vals) - min(vals)) / mean, 3)
                     if len(vals) > 1 and mean else None,
-                    "engine_s": round(time.monotonic() - t0, 1)})
+                    "engine_s": round(sum(_seconds(r) for r in rows) if stored_only
+                                      else time.monotonic() - t0, 1)})
     return out
 
 
@@ -216,6 +221,28 @@ def confirm_pick(measured: list[dict[str, Any]], repeats: int) -> dict[str, Any]
             out.update(pick=first["knobs"], users=first["users"], mean=first["mean"],
                        meets=f"{first['meets']}/{repeats}")
     return out
+
+
+def paired_points(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
+    """Run-to-run noise at no extra engine time: the points (config, load level) that two
+    summaries (a search and the grid) both measured, each on its own engine start. Per pair:
+    a's objective ÷ b's, and whether the SLO verdict agrees. None when they share no point."""
+    def measured(o: dict[str, Any]) -> dict[tuple[str, int], tuple[dict, dict]]:
+        return {(repr(sorted(c["knobs"].items())), q["users"]): (c["knobs"], q)
+                for c in o["configs"] for q in c["points"]
+                if q.get("seconds") and q.get("value")}  # run, and gave a number
+    ma, mb = measured(a), measured(b)
+    pairs = [{"knobs": ma[k][0], "users": k[1], "ratio": round(ma[k][1]["value"]
+                                                               / mb[k][1]["value"], 3),
+              "meets": [bool(ma[k][1]["meets"]), bool(mb[k][1]["meets"])]}
+             for k in sorted(ma.keys() & mb.keys())]
+    if not pairs:
+        return None
+    dev = [abs(p["ratio"] - 1.0) for p in pairs]
+    flips = [p for p in pairs if p["meets"][0] != p["meets"][1]]
+    return {"pairs": pairs, "n": len(pairs),
+            "median_dev": round(statistics.median(dev), 3), "max_dev": round(max(dev), 3),
+            "verdict_flips": flips}
 
 
 def summary(params: SweepParams, result: slo.SearchResult, evaluator: SweepEvaluator) -> dict:
