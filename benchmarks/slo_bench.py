@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO / "lib"))
 from tunebook import compile_cache, config, hardware, slo, slo_search  # noqa: E402
 from tunebook import params as P  # noqa: E402
 from tunebook.store import Store, stamp, write_new  # noqa: E402
-from tunebook.sweep import sigterm_as_exception  # noqa: E402
+from tunebook.sweep import Terminated, sigterm_as_exception  # noqa: E402
 
 
 def replay(grid: dict, spec: slo.SearchSpec, bounds: tuple[slo.Bound, ...], seeds: int,
@@ -397,4 +397,8 @@ answer and cost on the same numbers. "Within noise": the grid scores the pick wi
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except Terminated as e:  # SIGTERM, or DeadlineNear before a start: stored points resume
+        print(f"slo_bench: stopped ({e}); the same command resumes", file=sys.stderr)
+        raise SystemExit(143) from None

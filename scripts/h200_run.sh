@@ -9,7 +9,10 @@
 #          e.g. '300:sweep params/ch02-h200.yaml' (at most 300 s), '@560:sweep …' (until 560 s
 #          after this script started: keeps a call inside the device's 10-minute limit)
 # A step with a limit gets SIGTERM when it is reached: tunebook marks the run in flight
-# 'interrupted', stops the engine and exits 143; a later step (or call) resumes it.
+# 'interrupted', stops the engine and exits 143; a later step (or call) resumes it. Before
+# that, TUNEBOOK_DEADLINE (the limit less 15 s) keeps a sweep from starting an engine that
+# its stored runs say would not finish a run in time (tunebook.sweep.DeadlineNear): the call
+# ends early instead of paying for a start the limit would kill.
 # Results go to outputs/h200/ of the device's copy of the checkout, so a later call that carries
 # this checkout (with outputs/h200/<experiment> unpacked) resumes where the last one stopped.
 # Carry: .devstage/{install.sh,MANIFEST,part-01}, .cache/models/_tokenizer and .whl: wheels for
@@ -88,7 +91,8 @@ for step in "$@"; do
     touched+=("./$exp")
     echo "== bench: ${argv[*]:1} (${limit:+limit ${limit}s})"
     cmd=(python3 "benchmarks/${argv[1]}" "${args[@]}" --out "$dest/$exp")
-    if [[ -n "$limit" ]]; then timeout -s TERM -k 30 "$limit" "${cmd[@]}"; r=$?
+    if [[ -n "$limit" ]]; then
+      TUNEBOOK_DEADLINE=$(( $(date +%s) + limit - 15 )) timeout -s TERM -k 30 "$limit" "${cmd[@]}"; r=$?
     else "${cmd[@]}"; r=$?; fi
     echo "== bench exit code: $r"
     [[ $r -gt $rc ]] && rc=$r
@@ -99,7 +103,8 @@ for step in "$@"; do
   touched+=("./$exp")
   echo "== step: $step (experiment $exp${limit:+, limit ${limit}s})"
   if [[ -n "$limit" ]]; then
-    timeout -s TERM -k 60 "$limit" python3 -m tunebook.cli "${argv[@]}" --outputs "$dest"; r=$?
+    TUNEBOOK_DEADLINE=$(( $(date +%s) + limit - 15 )) \
+      timeout -s TERM -k 60 "$limit" python3 -m tunebook.cli "${argv[@]}" --outputs "$dest"; r=$?
   else
     python3 -m tunebook.cli "${argv[@]}" --outputs "$dest"; r=$?
   fi

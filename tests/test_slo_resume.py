@@ -158,6 +158,55 @@ def test_repeats_measured_on_a_device_are_read_back_without_an_engine(
     assert back[1]["values"] == [] and back[1]["mean"] is None
 
 
+def test_no_engine_starts_that_the_deadline_would_kill(sim: dict, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """TUNEBOOK_DEADLINE (a device call's limit): a search stops before starting an engine
+    when its stored runs say a start and a run take longer than what is left; nothing is
+    recorded as interrupted, and the same search resumes once time is given."""
+    import time
+
+    from tunebook import config
+    monkeypatch.setenv(config.STATE_DIR_ENV, str(tmp_path / "state"))  # its own record of starts
+    p = _params()
+    sim["interrupt_at"] = 3  # stored points from a first call: a few, then Ctrl-C
+    with pytest.raises(KeyboardInterrupt):
+        _search(p, tmp_path / "out")
+    sim["interrupt_at"] = None
+    store = S.Sweep(p, tmp_path / "out").store
+    before = sorted(x.name for x in store.runs_dir.glob("*.json"))
+    need = S.time_needed(store.rows(), 1)
+    assert need is not None and need >= 1.0  # the sim's start is 1 s
+    started = SimServer.started
+    monkeypatch.setenv(config.DEADLINE_ENV, str(time.time() + need / 2))
+    with pytest.raises(S.DeadlineNear, match="not started"):
+        _search(p, tmp_path / "out")
+    assert SimServer.started == started  # no start the deadline would have killed
+    assert sorted(x.name for x in store.runs_dir.glob("*.json")) == before
+    monkeypatch.setenv(config.DEADLINE_ENV, str(time.time() + 3600))
+    res, _ = _search(p, tmp_path / "out")
+    assert res.best is not None
+    # a fresh experiment has no start stored: this machine's slowest start of the model
+    assert S.slowest_start("qwen3-tiny") == pytest.approx(1.0)  # the sim's, noted above
+    monkeypatch.setenv(config.DEADLINE_ENV, str(time.time() + 0.5))
+    started = SimServer.started
+    with pytest.raises(S.DeadlineNear):
+        _search(p, tmp_path / "fresh")
+    assert SimServer.started == started
+    monkeypatch.setenv(config.DEADLINE_ENV, "soon")
+    with pytest.raises(config.EnvError, match="TUNEBOOK_DEADLINE"):
+        S.Sweep(p, tmp_path / "other").run()
+
+
+def test_time_needed_is_the_slowest_start_and_the_median_run() -> None:
+    def row(start: float | None, secs: float, status: str = "ok") -> dict:
+        return {"status": status, "startup_s": start, "started_at": "2026-12-04T00:00:00Z",
+                "finished_at": f"2026-12-04T00:00:{secs:02.0f}Z"}
+    rows = [row(90.0, 10), row(None, 20), row(140.0, 12), row(500.0, 50, "failed")]
+    assert S.time_needed(rows, 2) == pytest.approx(140.0 + 2 * 12)
+    assert S.time_needed([row(None, 10)], 1) is None and S.time_needed([], 1) is None
+    assert S.time_needed([], 3, machine_start_s=120.0) == 120.0
+
+
 def test_point_cost_reads_a_runs_clock() -> None:
     row = {"started_at": "2026-12-04T04:23:16.615Z", "finished_at": "2026-12-04T04:23:18.294Z",
            "startup_s": 27.5}

@@ -356,13 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tunebook.sweep import SweepLockedError, Terminated
+    from tunebook.sweep import DeadlineNear, SweepLockedError, Terminated
 
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
     except (P.ParamsError, ModelNotFoundError, SchemaVersionError,
-            peer.EngineNotInstalledError) as e:
+            peer.EngineNotInstalledError, config.EnvError) as e:
         print(f"tunebook: {e}", file=sys.stderr)
         return EXIT_BAD_PARAMS
     except SweepLockedError as e:
@@ -378,8 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         print("tunebook: interrupted; finished runs are saved — run again to resume",
               file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Terminated:
-        print("tunebook: terminated (SIGTERM); finished runs are saved — run again to resume",
+    except Terminated as e:
+        print(f"tunebook: {e}" if isinstance(e, DeadlineNear) else
+              "tunebook: terminated (SIGTERM); finished runs are saved — run again to resume",
               file=sys.stderr)
         return EXIT_TERMINATED
 

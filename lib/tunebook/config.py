@@ -31,8 +31,15 @@ STATE_DIR_ENV = "TUNEBOOK_STATE_DIR"
 BATCH_ENV = "TUNEBOOK_BATCH"
 WAIT_ENV = "TUNEBOOK_WAIT_S"
 COMMIT_ENV = "TUNEBOOK_COMMIT"
+# A unix time by which the process will be stopped (a lent device's per-call limit, set by
+# scripts/h200_run.sh): a sweep starts no engine it has no time to use (tunebook.sweep).
+DEADLINE_ENV = "TUNEBOOK_DEADLINE"
 
 _PACKAGE = Path(__file__).resolve().parent
+
+
+class EnvError(ValueError):
+    """A TUNEBOOK_* environment variable that cannot be read (said before any engine starts)."""
 
 
 def _checkout() -> Path | None:
@@ -85,6 +92,18 @@ def batch() -> bool:
 
 def wait_s() -> float:
     return float(os.environ.get(WAIT_ENV, "0") or 0)
+
+
+def deadline() -> float | None:
+    """DEADLINE_ENV as a unix time, None when unset."""
+    raw = os.environ.get(DEADLINE_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise EnvError(f"{DEADLINE_ENV}={raw!r}: expected a unix time in seconds "
+                         "(e.g. $(( $(date +%s) + 540 )))") from None
 
 
 def package_data(name: str) -> Path:

@@ -182,6 +182,11 @@ class ServerOptions:
         return (self.dev_mode or not need.dev_mode) and \
             (self.prompt_tokens_details or not need.prompt_tokens_details)
 
+    def union(self, other: ServerOptions) -> ServerOptions:
+        """Options that cover both."""
+        return ServerOptions(self.dev_mode or other.dev_mode,
+                             self.prompt_tokens_details or other.prompt_tokens_details)
+
 
 class EngineRequestError(RuntimeError):
     """A request to the engine's HTTP API failed (status, or no answer)."""

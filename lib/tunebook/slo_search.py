@@ -14,7 +14,6 @@ import json
 import math
 import statistics
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import pandas as pd
 from tunebook import config, schema, slo
 from tunebook.params import SweepParams
 from tunebook.store import Store, stamp, write_new
-from tunebook.sweep import EngineKeeper, Sweep
+from tunebook.sweep import EngineKeeper, Sweep, run_seconds
 
 EXIT_FOUND, EXIT_NONE = 0, 1
 STATUS_MISSING = "missing"  # a point a stored-only evaluator has no run for
@@ -119,21 +118,12 @@ class SweepEvaluator:
             self.store.rebuild_table()
 
 
-def _seconds(row: dict[str, Any]) -> float:
-    try:
-        t0, t1 = (datetime.fromisoformat(str(row[k]).replace("Z", "+00:00"))
-                  for k in ("started_at", "finished_at"))
-    except (KeyError, ValueError):
-        return 0.0
-    return max(0.0, (t1 - t0).total_seconds())
-
-
 def point_cost(rows: list[dict[str, Any]]) -> dict[str, float]:
     """A point's engine time from its stored rows: its runs (warm-ups and benchmark, every
     repeat) and the start of the engine that served it (charged once per config)."""
     start = next((float(r["startup_s"]) for r in rows
                   if isinstance(r.get("startup_s"), int | float)), 0.0)
-    return {"seconds": round(sum(_seconds(r) for r in rows), 2), "start_s": round(start, 2)}
+    return {"seconds": round(sum(run_seconds(r) for r in rows), 2), "start_s": round(start, 2)}
 
 
 def describe(params: SweepParams) -> str:
@@ -196,7 +186,7 @@ def remeasure(params: SweepParams, outputs: Path, picks: dict[str, dict[str, Any
                     "mean": round(mean, 1) if mean is not None else None,
                     "spread": round((max(vals) - min(vals)) / mean, 3)
                     if len(vals) > 1 and mean else None,
-                    "engine_s": round(sum(_seconds(r) for r in rows) if stored_only
+                    "engine_s": round(sum(run_seconds(r) for r in rows) if stored_only
                                       else time.monotonic() - t0, 1)})
     return out
 

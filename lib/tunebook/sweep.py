@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,66 @@ def portable_argv(argv: list[str]) -> list[str]:
 
 class Terminated(BaseException):
     """SIGTERM, turned into an exception so `finally` blocks stop the engine."""
+
+
+class DeadlineNear(Terminated):
+    """Too little time is left before config.deadline() (a lent device's per-call limit) for
+    one more engine start and its runs: stopping before the start wastes no device time on
+    an engine the limit would kill; a later call resumes from the stored runs."""
+
+
+def run_seconds(row: dict[str, Any]) -> float:
+    """A stored run's own wall time (its warm-ups and benchmark), from its clock fields."""
+    try:
+        t0, t1 = (datetime.fromisoformat(str(row[k]).replace("Z", "+00:00"))
+                  for k in ("started_at", "finished_at"))
+    except (KeyError, ValueError):
+        return 0.0
+    return max(0.0, (t1 - t0).total_seconds())
+
+
+def time_needed(rows: list[dict[str, Any]], runs: int,
+                machine_start_s: float | None = None) -> float | None:
+    """Seconds that an engine start and `runs` runs on it took here before, from the stored
+    ok rows: the slowest start (a cold compile) plus the median run, `runs` times. With no
+    start stored (a fresh experiment), this machine's slowest start of the model
+    (slowest_start) alone; None when neither is known: then nothing is known to wait for."""
+    ok = [r for r in rows if r.get("status") == schema.STATUS_OK]
+    starts = [float(r["startup_s"]) for r in ok if isinstance(r.get("startup_s"), int | float)]
+    if not starts:
+        return machine_start_s
+    each = sorted(run_seconds(r) for r in ok)
+    return max(starts) + each[len(each) // 2] * runs
+
+
+STARTS_FILE = "engine-starts.json"  # in config.state_dir(): the slowest start per model here
+
+
+def note_start(model: str, seconds: Any) -> None:
+    """Remember this machine's slowest engine start of `model` (what a deadline waits for in
+    an experiment that has stored none yet); best effort: a state dir it cannot write is
+    no reason to fail a sweep."""
+    if not isinstance(seconds, int | float):
+        return
+    path = config.state_dir() / STARTS_FILE
+    try:
+        seen = json.loads(path.read_text()) if path.exists() else {}
+        if not isinstance(seen, dict):
+            seen = {}
+        if float(seconds) > float(seen.get(model, 0.0)):
+            seen[model] = round(float(seconds), 1)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            replace_atomic(path, json.dumps(seen, indent=1).encode())
+    except (OSError, ValueError, TypeError):
+        pass
+
+
+def slowest_start(model: str) -> float | None:
+    try:
+        v = json.loads((config.state_dir() / STARTS_FILE).read_text()).get(model)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(v) if isinstance(v, int | float) else None
 
 
 class SweepLockedError(RuntimeError):
@@ -215,6 +276,10 @@ class EngineKeeper:
         self.config_id: str | None = None
         self.starts = 0  # engines started through this keeper (a restart counts)
         self._lock: contextlib.ExitStack | None = None
+        # options of the last engine kept per config: a replacement (the engine died, or a
+        # sweep needed more) starts with them too, so the next sweep that needed them does
+        # not pay for another start
+        self._options: dict[str, ServerOptions] = {}
 
     def hold_machine(self, wait_s: float) -> None:
         if self._lock is None:
@@ -231,10 +296,16 @@ class EngineKeeper:
         self._stop_engine()
         return None
 
+    def widen(self, cfg: EngineConfig, options: ServerOptions) -> ServerOptions:
+        """What a fresh engine of `cfg` is started with: `options` and those of the engines
+        of `cfg` kept before."""
+        return options.union(self._options.get(cfg.id, ServerOptions()))
+
     def keep(self, cfg: EngineConfig, engine: Engine) -> None:
         if self.engine is not None and self.engine is not engine:
             self._stop_engine()
         self.engine, self.config_id = engine, cfg.id
+        self._options[cfg.id] = self.widen(cfg, engine.options)
 
     def _stop_engine(self) -> None:
         if self.engine is not None:
@@ -264,6 +335,7 @@ class Sweep:
                  executor: Any | None = None):
         self.params = params
         self.plan = make_plan(params)
+        self._stored_ok: list[dict[str, Any]] = []  # read by _run: what a deadline waits for
         self.store = Store(Path(outputs or config.outputs_dir()) / params.experiment)
         self.progress = progress
         self.on_result = on_result
@@ -296,11 +368,13 @@ class Sweep:
         self.wait_s = wait_s if wait_s is not None else config.wait_s()
 
     # -- what would run -------------------------------------------------------------------
-    def resume(self) -> Resume:
+    def resume(self, rows: list[dict[str, Any]] | None = None) -> Resume:
         """What the store settles for this plan under the installed vLLM (reads every run
-        file once). With retry_failed=False any attempt counts, not only an ok one."""
+        file once, unless given its `rows`). With retry_failed=False any attempt counts, not
+        only an ok one."""
         statuses = (schema.STATUS_OK,) if self.retry_failed else None
-        return Resume.from_rows(self.store.rows(), hardware.vllm_version(), statuses)
+        return Resume.from_rows(self.store.rows() if rows is None else rows,
+                                hardware.vllm_version(), statuses)
 
     def done(self) -> set[str]:
         """Run ids resume skips: done with the installed vLLM version."""
@@ -331,6 +405,7 @@ class Sweep:
             if self.executor is None:  # on Ray the node that runs a config must have it
                 peer.require_installed([e.knobs for e in self.plan.engines])
         self.store.check_writable()
+        config.deadline()  # a malformed deadline is said now, not at the first engine start
         machine = (contextlib.nullcontext() if self.keeper or not self.machine_lock
                    else machine_lock(self.wait_s))
         with experiment_lock(self.store.root), machine, sigterm_as_exception():
@@ -358,7 +433,9 @@ class Sweep:
 
     def _run(self, models: dict[str, ModelRef]) -> SweepResult:
         with self.steps.time("resume (read stored runs)"):
-            resume = self.resume()
+            rows = self.store.rows()
+            resume = self.resume(rows)
+        self._stored_ok = [r for r in rows if r.get("status") == schema.STATUS_OK]
         todo = [r for r in self.plan.runs if r.run_id not in resume.done
                 and (self.only_runs is None or r.run_id in self.only_runs)]
         rerun = [r for r in todo if r.run_id in resume.rerun]
@@ -397,14 +474,29 @@ class Sweep:
                     self.store.rebuild_table()
         return result
 
+    def _check_deadline(self, cfg: EngineConfig, runs: int) -> None:
+        """DeadlineNear when config.deadline() leaves less than this store's record of a
+        start and `runs` runs (time_needed); nothing stored or no deadline: go ahead."""
+        deadline = config.deadline()
+        if deadline is None:
+            return
+        need = time_needed(self._stored_ok, runs, slowest_start(cfg.model))
+        left = deadline - time.time()
+        if need is not None and left < need:
+            raise DeadlineNear(
+                f"{left:.0f} s left before {config.DEADLINE_ENV}; a start and {runs} run(s) "
+                f"took up to {need:.0f} s here: {cfg.label} not started (run again to resume)")
+
     def _engine(self, cfg: EngineConfig, runs: list[PlannedRun], model: ModelRef) -> Engine:
+        options = server_options(runs)
+        if self.keeper:
+            options = self.keeper.widen(cfg, options)
         if disagg.is_pair(cfg.knobs):  # prefill + decode engines and a proxy (Fig 6.2)
             return disagg.DisaggPair(  # type: ignore[return-value] - an Engine to the sweep
                 model, cfg.knobs, cfg.env, self.store.engine_log_path(cfg.id),
-                startup_timeout_s=self.params.startup_timeout_s, options=server_options(runs))
+                startup_timeout_s=self.params.startup_timeout_s, options=options)
         return Engine(model, cfg.knobs, cfg.env, self.store.engine_log_path(cfg.id),
-                      startup_timeout_s=self.params.startup_timeout_s,
-                      options=server_options(runs))
+                      startup_timeout_s=self.params.startup_timeout_s, options=options)
 
     def _run_batch(self, batch: list[tuple[EngineConfig, list[PlannedRun]]],
                    models: dict[str, ModelRef], result: SweepResult, bar: Any) -> None:
@@ -413,6 +505,7 @@ class Sweep:
         measured alone while the others wait idle, and stopped when its runs are done. Rows
         record how many engines started together: their `startup_s` was measured under that
         contention."""
+        self._check_deadline(batch[0][0], sum(len(runs) for _, runs in batch))
         engines = {cfg.id: self._engine(cfg, runs, models[cfg.model]) for cfg, runs in batch}
         n = sum(2 if isinstance(e, disagg.DisaggPair) else 1 for e in engines.values())
         for engine in engines.values():
@@ -442,6 +535,9 @@ class Sweep:
                 for t in threads:  # short joins: Ctrl-C and SIGTERM reach this thread
                     t.join(timeout=0.5)
             self.steps.add("engine start", time.monotonic() - started_at, len(threads))
+            for cfg, _ in batch:
+                if cfg.id not in errors:
+                    note_start(cfg.model, engines[cfg.id].startup_s)
             for cfg, runs in batch:
                 engine, error = engines[cfg.id], errors.get(cfg.id)
                 if error is not None and not isinstance(error, EngineStartError):
@@ -472,10 +568,12 @@ class Sweep:
                 if start_error is not None:
                     raise start_error
                 if not kept and started is None:
+                    self._check_deadline(cfg, len(pending))
                     if self.keeper:
                         self.keeper.starts += 1
                     with self.steps.time("engine start"):
                         engine.start(on_phase=_phase_reporter(bar, cfg.label))
+                    note_start(cfg.model, engine.startup_s)
             except EngineStartError as e:
                 for run in pending:
                     self._save(run, model, engine, result, status=schema.STATUS_ENGINE_FAILED,
@@ -676,6 +774,7 @@ class Sweep:
         result.rows.append(row)
         if status == schema.STATUS_OK:
             result.ok += 1
+            self._stored_ok.append(row)  # the next start's deadline check counts this run
         else:
             result.failed += 1
         if self.on_result:
