@@ -217,15 +217,15 @@ def paired_points(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None
     """Run-to-run noise at no extra engine time: the points (config, load level) that two
     summaries (a search and the grid) both measured, each on its own engine start. Per pair:
     a's objective ÷ b's, and whether the SLO verdict agrees. None when they share no point."""
-    def measured(o: dict[str, Any]) -> dict[tuple[str, int], tuple[dict, dict]]:
-        return {(repr(sorted(c["knobs"].items())), q["users"]): (c["knobs"], q)
+    def measured(o: dict[str, Any]) -> dict[str, tuple[dict, dict]]:
+        return {slo.point_key(c["knobs"], q["users"]): (c["knobs"], q)
                 for c in o["configs"] for q in c["points"]
                 if q.get("seconds") and q.get("value")}  # run, and gave a number
     ma, mb = measured(a), measured(b)
-    pairs = [{"knobs": ma[k][0], "users": k[1], "ratio": round(ma[k][1]["value"]
-                                                               / mb[k][1]["value"], 3),
-              "meets": [bool(ma[k][1]["meets"]), bool(mb[k][1]["meets"])]}
-             for k in sorted(ma.keys() & mb.keys())]
+    pairs = [{"knobs": knobs, "users": qa["users"], "ratio": round(qa["value"] / qb["value"], 3),
+              "meets": [bool(qa["meets"]), bool(qb["meets"])]}
+             for k in sorted(ma.keys() & mb.keys())
+             for (knobs, qa), (_, qb) in [(ma[k], mb[k])]]
     if not pairs:
         return None
     dev = [abs(p["ratio"] - 1.0) for p in pairs]
