@@ -115,30 +115,31 @@ def time_needed(rows: list[dict[str, Any]], runs: int,
 STARTS_FILE = "engine-starts.json"  # in config.state_dir(): the slowest start per model here
 
 
+def _starts_seen() -> dict[str, Any]:
+    try:
+        seen = json.loads((config.state_dir() / STARTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return seen if isinstance(seen, dict) else {}
+
+
 def note_start(model: str, seconds: Any) -> None:
     """Remember this machine's slowest engine start of `model` (what a deadline waits for in
     an experiment that has stored none yet); best effort: a state dir it cannot write is
     no reason to fail a sweep."""
-    if not isinstance(seconds, int | float):
+    if not isinstance(seconds, int | float) or seconds <= (slowest_start(model) or 0.0):
         return
+    seen = {**_starts_seen(), model: round(float(seconds), 1)}
     path = config.state_dir() / STARTS_FILE
     try:
-        seen = json.loads(path.read_text()) if path.exists() else {}
-        if not isinstance(seen, dict):
-            seen = {}
-        if float(seconds) > float(seen.get(model, 0.0)):
-            seen[model] = round(float(seconds), 1)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            replace_atomic(path, json.dumps(seen, indent=1).encode())
-    except (OSError, ValueError, TypeError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        replace_atomic(path, json.dumps(seen, indent=1).encode())
+    except OSError:
         pass
 
 
 def slowest_start(model: str) -> float | None:
-    try:
-        v = json.loads((config.state_dir() / STARTS_FILE).read_text()).get(model)
-    except (OSError, ValueError, AttributeError):
-        return None
+    v = _starts_seen().get(model)
     return float(v) if isinstance(v, int | float) else None
 
 
