@@ -114,18 +114,54 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _spawn_sweep(params: Path, out: Path, scheduler: bool = False) -> subprocess.Popen:
-    """`tunebook sweep` in another process. scheduler=True: as cron or a batch system runs
-    it — no TTY on any stream, no controlling terminal, no TERM, default progress output."""
-    cmd = [sys.executable, "-m", "tunebook.cli", "sweep", str(params), "--outputs", str(out)]
-    if scheduler:
-        env = {k: v for k, v in os.environ.items() if k not in ("TERM", "TUNEBOOK_BATCH")}
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=env,
-                                start_new_session=True, preexec_fn=_default_sigint)
-    return subprocess.Popen(cmd + ["-q"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "TUNEBOOK_BATCH": "1"},
-                            preexec_fn=_default_sigint)
+class _Spawned:
+    """`tunebook sweep` in another process, its output in a file (a pipe nobody reads until
+    the end would stall the sweep once it fills)."""
+
+    def __init__(self, params: Path, out: Path, scheduler: bool = False) -> None:
+        """scheduler=True: as cron or a batch system runs it — no TTY on any stream, no
+        controlling terminal, no TERM, default progress output."""
+        cmd = [sys.executable, "-m", "tunebook.cli", "sweep", str(params), "--outputs", str(out)]
+        self.log = out / f"{params.stem}.{time.monotonic_ns()}.out"
+        with self.log.open("w") as log:
+            if scheduler:
+                env = {k: v for k, v in os.environ.items() if k not in ("TERM", "TUNEBOOK_BATCH")}
+                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT, text=True, env=env,
+                                             start_new_session=True, preexec_fn=_default_sigint)
+            else:
+                self.proc = subprocess.Popen(cmd + ["-q"], stdout=log, stderr=subprocess.STDOUT,
+                                             text=True, env={**os.environ, "TUNEBOOK_BATCH": "1"},
+                                             preexec_fn=_default_sigint)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def finish(self, timeout_s: float) -> str:
+        self.proc.wait(timeout=timeout_s)
+        return self.output()
+
+    def wait_for(self, cond, timeout_s: float, what: str, exp: Path) -> None:
+        """_wait_for, given up as soon as the sweep has ended; on a failure the sweep is
+        stopped and its story told: its output and the tail of each engine log."""
+        try:
+            _wait_for(lambda: cond() or self.proc.poll() is not None, timeout_s, what)
+            if not cond():
+                raise AssertionError(f"the sweep ended (exit {self.proc.returncode}) before "
+                                     f"{what}")
+        except AssertionError as e:
+            self.proc.terminate()  # the sweep stops its engine on SIGTERM
+            try:
+                self.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            logs = "".join(f"\n--- {p.name} (tail)\n{p.read_text(errors='replace')[-3000:]}"
+                           for p in sorted((exp / "engines").glob("*.log")))
+            rows = [(r.get("engine_label"), r.get("users"), r.get("status"))
+                    for r in _rows(exp)]
+            raise AssertionError(f"{e}\nrows: {rows}; completions: {_completions(exp)}"
+                                 f"\n--- sweep output (tail)\n{self.output()[-4000:]}"
+                                 f"{logs}") from None
 
 
 BAD_BACKEND = {"attention_backend": "NO_SUCH_BACKEND"}
@@ -143,14 +179,14 @@ def test_runner_signal_mid_run_then_resume(tmp_path: Path, sig: signal.Signals,
     grid = [BAD_BACKEND, {}] if term else [{}]
     params = _params(tmp_path, f"sig{int(sig)}", engine_grid=grid)
     exp = tmp_path / params.stem
-    proc = _spawn_sweep(params, tmp_path, scheduler=term)
+    sweep = _Spawned(params, tmp_path, scheduler=term)
     # users=1 sends 4 prompts (min_prompts); a 5th completion means users=2 is under way
     ok_rows = lambda: [r for r in _rows(exp) if r["status"] == "ok"]  # noqa: E731
-    _wait_for(lambda: len(ok_rows()) == 1 and _completions(exp) >= 5, 600,
-              "the second load point to be under way")
-    proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode != 0, out
+    sweep.wait_for(lambda: len(ok_rows()) == 1 and _completions(exp) >= 5, 600,
+                   "the second load point to be under way", exp)
+    sweep.proc.send_signal(sig)
+    out = sweep.finish(120)
+    assert sweep.proc.returncode != 0, out
     rows = _rows(exp)
     good = [r for r in rows if r["engine_label"] == "default"]
     assert sorted(r["status"] for r in good) == ["interrupted", "ok"], rows
@@ -177,9 +213,9 @@ def test_runner_signal_mid_run_then_resume(tmp_path: Path, sig: signal.Signals,
     if term:
         # The unchanged params again: finished runs are skipped, the failed config is tried
         # again and recorded again; exit code 1 = some configs failed (recorded).
-        again = _spawn_sweep(params, tmp_path, scheduler=True)
-        out, _ = again.communicate(timeout=600)
-        assert again.returncode == 1, out[-3000:]
+        again = _Spawned(params, tmp_path, scheduler=True)
+        out = again.finish(600)
+        assert again.proc.returncode == 1, out[-3000:]
         assert "0 ok, 2 not ok, 2 already done" in out, out[-3000:]
         assert (tmp_path / "index.html").is_file()  # the outputs index is rebuilt
         _assert_clean(shared_engine)
