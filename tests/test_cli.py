@@ -37,6 +37,23 @@ def test_unknown_model_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path
     assert not (tmp_path / "x" / "engines").exists()
 
 
+@pytest.mark.parametrize("argv", [["sweep", "--dry-run"], ["sweep"], ["tune", "--dry-run"],
+                                  ["tune"]])
+def test_a_mistyped_model_is_refused_by_every_command(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path: Path, argv: list[str]) -> None:
+    """sweep and tune check the model as plan and run do: before anything is written (tune
+    used to create the experiment and let the search's first trial fail), and the preset
+    meant is named."""
+    p = tmp_path / "p.yaml"
+    p.write_text("experiment: x\nmodel: qwen3-8\nload: {users: [1, 2]}\n"
+                 "slo: ['p99_tpot_ms <= 50']\nsearch: {knobs: {max_num_seqs: [1, 2]}}\n")
+    out = tmp_path / "out"
+    assert main([argv[0], str(p), "--outputs", str(out), *argv[1:]]) == EXIT_BAD_PARAMS
+    assert f"{p}: model: cannot resolve model 'qwen3-8' (did you mean 'qwen3-8b'?)" in \
+        capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_unknown_model_in_engine_grid_exit_2(capsys: pytest.CaptureFixture[str],
                                              tmp_path: Path) -> None:
     bad = tmp_path / "p.yaml"

@@ -88,6 +88,19 @@ def test_bad_search_sections_name_every_problem() -> None:
         slo.parse_slo([])
 
 
+def test_typos_are_answered_with_the_name_meant() -> None:
+    with pytest.raises(slo.SearchSpecError) as e:
+        slo.parse_search({"knobs": {"max_num_batched_token": [256]}, "budgett": {}})
+    said = dict(e.value.problems)
+    assert "did you mean 'max_num_batched_tokens'?" in said["search.knobs.max_num_batched_token"]
+    assert "did you mean 'budget'?" in said["search.budgett"]
+    with pytest.raises(slo.SearchSpecError) as e:
+        slo.parse_slo(["p99_tpot_m <= 50", "goodput >= 3"])
+    said = dict(e.value.problems)
+    assert "did you mean 'p99_tpot_ms'?" in said["slo[0]"]
+    assert "did you mean" not in said["slo[1]"]  # nothing near: no guess
+
+
 def test_bisection_finds_the_highest_load_meeting_the_slo() -> None:
     eng = SimEngine()
     knobs = {"max_num_seqs": 16, "max_num_batched_tokens": 1024}

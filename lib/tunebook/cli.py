@@ -44,7 +44,7 @@ def _wait(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace) -> P.SweepParams:
-    return P.load(args.params, _overrides(args.param))
+    return preflight(args.params, _overrides(args.param))
 
 
 def preflight(path: Path, overrides: dict[str, Any] | None = None) -> P.SweepParams:
@@ -73,8 +73,7 @@ def preflight(path: Path, overrides: dict[str, Any] | None = None) -> P.SweepPar
 def cmd_plan(args: argparse.Namespace) -> int:
     from tunebook.sweep import Sweep
 
-    sweep = Sweep(preflight(args.params, _overrides(args.param)),
-                  args.outputs or config.outputs_dir(), progress=False)
+    sweep = Sweep(_load(args), args.outputs or config.outputs_dir(), progress=False)
     print(sweep.describe())
     return EXIT_OK
 
@@ -86,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tunebook.sweep import Sweep
 
     _ray(args)  # in the environment: the papermill kernel's sweep reads it
-    params = preflight(args.params, _overrides(args.param))
+    params = _load(args)
     outputs = (args.outputs or config.outputs_dir()).resolve()
     sweep = Sweep(params, outputs, progress=False)
     if args.dry_run:

@@ -12,13 +12,20 @@ an example value); add `panel=` only when the tuning panel should offer it.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 PanelWidget = Literal["int", "float", "choice"]
+
+
+def did_you_mean(name: Any, names: Iterable[str]) -> str:
+    """A typo's likely meaning, as an error message's suffix: " (did you mean 'x'?)", or ""."""
+    near = difflib.get_close_matches(str(name).replace("-", "_"), list(names), n=1)
+    return f" (did you mean '{near[0]}'?)" if near else ""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunebook import config, gguf_model
+from tunebook.knobs import did_you_mean
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -344,7 +345,8 @@ class ModelNotFoundError(ValueError):
 
 def _not_found(spec: str, reason: str) -> ModelNotFoundError:
     return ModelNotFoundError(
-        f"cannot resolve model {spec!r}: {reason}. Use a preset ({', '.join(PRESETS)}), "
+        f"cannot resolve model {spec!r}{did_you_mean(spec, PRESETS)}: {reason}. Use a preset "
+        f"({', '.join(PRESETS)}), "
         "a local folder containing config.json, or a Hugging Face hub id such as "
         "'Qwen/Qwen3-8B'."
     )

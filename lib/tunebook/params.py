@@ -32,7 +32,6 @@ on size, nesting and alias expansion, so a mistaken or hostile file fails in mil
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 import re
@@ -1079,10 +1078,9 @@ class _Validator:
     def unknown(self, data: dict, allowed: Collection[str], prefix: str) -> None:
         for k in data:
             if k not in allowed:
-                near = difflib.get_close_matches(str(k).replace("-", "_"), list(allowed), n=1)
-                hint = f" (did you mean '{near[0]}'?)" if near else ""
                 where = f"{prefix}.{k}" if prefix else str(k)
-                self.err(where, f"unknown key{hint}; allowed: {', '.join(allowed)}")
+                self.err(where, f"unknown key{knobs.did_you_mean(k, allowed)}; "
+                                f"allowed: {', '.join(allowed)}")
 
     def get(self, data: dict, key: str, typ: type, required: bool = False, default: Any = None,
             prefix: str = "") -> Any:

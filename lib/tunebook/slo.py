@@ -63,8 +63,9 @@ class Bound:
                              "'p99_tpot_ms <= 50'")
         metric, op, raw = m.groups()
         if metric not in schema.COLUMN_NAMES:
-            raise ValueError(f"{metric!r} is not a result column (e.g. p99_tpot_ms, "
-                             "p99_ttft_ms, median_itl_ms, output_tok_s_per_user)")
+            raise ValueError(f"{metric!r} is not a result column"
+                             f"{knob_table.did_you_mean(metric, schema.COLUMN_NAMES)} (e.g. "
+                             "p99_tpot_ms, p99_ttft_ms, median_itl_ms, output_tok_s_per_user)")
         try:
             value = float(raw)
         except ValueError:
@@ -178,18 +179,22 @@ def parse_search(raw: Any, users_default: Sequence[int] = ()) -> SearchSpec:
                "confirm"}
     for k in raw:
         if k not in allowed:
-            p.append((f"search.{k}", f"unknown key; allowed: {sorted(allowed)}"))
+            p.append((f"search.{k}", f"unknown key{knob_table.did_you_mean(k, allowed)}; "
+                                     f"allowed: {sorted(allowed)}"))
     space: dict[str, tuple[Any, ...]] = {}
     kn = raw.get("knobs")
     if not isinstance(kn, dict) or not kn:
         p.append(("search.knobs", "must map engine knobs to the values to try, e.g. "
                                   "{max_num_seqs: [8, 16, 32]}"))
     else:
+        searchable = [n for n, k in knob_table.KNOBS.items() if k.flag]
         for name, values in kn.items():
             key = f"search.knobs.{name}"
             knob = knob_table.KNOBS.get(name)
             if knob is None or not knob.flag:
-                p.append((key, "is not an engine knob (see tunebook.knobs)"))
+                p.append((key, "is not an engine knob"
+                                f"{knob_table.did_you_mean(name, searchable)} "
+                                "(see tunebook.knobs)"))
                 continue
             if not isinstance(values, list) or not values:
                 p.append((key, "must be a non-empty list of values"))
