@@ -97,6 +97,8 @@ def test_parse_override_is_yaml() -> None:
     assert P.parse_override("[1,2]") == [1, 2]
     assert P.parse_override("true") is True
     assert P.parse_override("qwen3-8b") == "qwen3-8b"
+    with pytest.raises(P.ParamsError, match=r"-p: load.users: '\[1,': YAML syntax error"):
+        P.parse_override("[1,", "load.users")
 
 
 # -- figures, prompts and context length: caught before any engine starts ---------------------

@@ -22,7 +22,7 @@ EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143  # 128 + SIGINT / SIGTERM, as shell
 
 
 def _overrides(pairs: list[list[str]] | None) -> dict[str, Any]:
-    return {k: P.parse_override(v) for k, v in (pairs or [])}
+    return {k: P.parse_override(v, k) for k, v in (pairs or [])}
 
 
 def _add_common(sp: argparse.ArgumentParser) -> None:

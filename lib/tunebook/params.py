@@ -420,9 +420,13 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any], source: str
     return data
 
 
-def parse_override(text: str) -> Any:
-    """A `-p key value` value: YAML, so `-p load.users [1,2]` gives a list."""
-    return yaml.load(text, Loader=StrictLoader)
+def parse_override(text: str, key: str = "") -> Any:
+    """A `-p key value` value: YAML, so `-p load.users [1,2]` gives a list. A value that is
+    not YAML is bad params (source `-p`), not a traceback."""
+    try:
+        return yaml.load(text, Loader=StrictLoader)
+    except yaml.YAMLError as e:
+        raise ParamsError("-p", [(key, f"{text!r}: {_yaml_error(e)}")]) from None
 
 
 def parse(data: Any, source: str = "<params>", overrides: dict | None = None) -> SweepParams:
