@@ -159,3 +159,23 @@ def test_replot_redraws_stored_results_without_an_engine(replots: dict[str, Repl
     assert "NVIDIA H200" in html and "nothing starts" in html
     assert main(["run", str(REPO / "params" / "ch01.yaml"), "--outputs",
                  str(tmp_path / "empty"), "--replot"]) == EXIT_BAD_PARAMS
+
+
+def test_tune_dry_run_says_what_a_run_would_resume_from(capsys: pytest.CaptureFixture[str],
+                                                       tmp_path: Path) -> None:
+    """The committed CPU search: the dry run counts its stored points, configs and engine time
+    as the search's own summary did (benchmark.json), and writes nothing."""
+    import json
+
+    bench = REPO / "outputs" / "cpu" / "slo-bench"
+    summary = json.loads((bench / "benchmark.json").read_text())["search"]
+    before = sorted(p.name for p in (bench / "slo-search").rglob("*"))
+    assert main(["tune", str(REPO / "params" / "slo.yaml"), "-p", "experiment", "slo-search",
+                 "--outputs", str(bench), "--dry-run"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert (f"stored in slo-search/: {summary['points']} points ok on "
+            f"{summary['engine_starts']} engine configs, {summary['engine_s']:,.0f} s") in out
+    assert sorted(p.name for p in (bench / "slo-search").rglob("*")) == before
+    assert main(["tune", str(REPO / "params" / "slo.yaml"), "--outputs",
+                 str(tmp_path), "--dry-run"]) == EXIT_OK
+    assert "stored in" not in capsys.readouterr().out

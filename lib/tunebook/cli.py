@@ -195,7 +195,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
               "params/slo.yaml)", file=sys.stderr)
         return EXIT_BAD_PARAMS
     if args.dry_run:
-        print(slo_search.describe(params))
+        print(slo_search.describe(params, args.outputs or config.outputs_dir()))
         return EXIT_OK
     _wait(args)
     code, out = slo_search.tune(params, args.outputs or config.outputs_dir(),

@@ -126,8 +126,28 @@ def point_cost(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {"seconds": round(sum(run_seconds(r) for r in rows), 2), "start_s": round(start, 2)}
 
 
-def describe(params: SweepParams) -> str:
-    """The dry run of a search: the bounds, the space, and what the full grid would cost."""
+def stored_progress(params: SweepParams, outputs: Path | str | None) -> str | None:
+    """What a run of this search would resume from: the points (engine config, load) stored
+    ok in its experiment, their engine configs, and their engine time (point_cost: the runs,
+    plus each config's start once). None when nothing is stored."""
+    store = Store(Path(outputs or config.outputs_dir()) / params.experiment)
+    points: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for r in store.rows():
+        if r.get("status") == schema.STATUS_OK:
+            points.setdefault((r.get("engine_config_id"), r.get("max_concurrency")), []).append(r)
+    if not points:
+        return None
+    costs = {k: point_cost(rows) for k, rows in points.items()}
+    starts = {cfg: c["start_s"] for (cfg, _), c in costs.items()}
+    engine_s = sum(starts.values()) + sum(c["seconds"] for c in costs.values())
+    return (f"  stored in {store.root.name}/: {len(points)} points ok on {len(starts)} engine "
+            f"configs, {engine_s:,.0f} s of engine time; a run resumes from them (a point "
+            "stored is never run again)")
+
+
+def describe(params: SweepParams, outputs: Path | str | None = None) -> str:
+    """The dry run of a search: the bounds, the space, what the full grid would cost, and
+    (with `outputs`) what is stored already."""
     bounds = slo.parse_slo(list(params.slo))
     spec = slo.parse_search(params.search, params.load.users)
     grid = spec.grid()
@@ -153,6 +173,8 @@ def describe(params: SweepParams) -> str:
                      "times each at their load (one engine start each)")
     for name, values in spec.knobs.items():
         lines.append(f"  {name}: {list(values)}")
+    if outputs is not None and (stored := stored_progress(params, outputs)):
+        lines.append(stored)
     return "\n".join(lines)
 
 
