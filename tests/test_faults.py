@@ -60,12 +60,12 @@ def _completions(exp: Path) -> int:
                for p in (exp / "engines").glob("*.log"))
 
 
-def _wait_for(cond, timeout_s: float, what: str) -> None:
+def _wait_for(cond, timeout_s: float, what: str, poll_s: float = 0.5) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if cond():
             return
-        time.sleep(0.5)
+        time.sleep(poll_s)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -145,7 +145,9 @@ class _Spawned:
         """_wait_for, given up as soon as the sweep has ended; on a failure the sweep is
         stopped and its story told: its output and the tail of each engine log."""
         try:
-            _wait_for(lambda: cond() or self.proc.poll() is not None, timeout_s, what)
+            # polled often: the state waited for (a load point under way) can last about a
+            # second on a fast machine, and a sweep that got past it cannot be signalled in it
+            _wait_for(lambda: cond() or self.proc.poll() is not None, timeout_s, what, 0.1)
             if not cond():
                 raise AssertionError(f"the sweep ended (exit {self.proc.returncode}) before "
                                      f"{what}")
