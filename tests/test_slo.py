@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tunebook import slo
+from tunebook import slo, slo_search
 
 LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -335,3 +335,32 @@ def test_points_measured_twice_give_the_run_to_run_noise() -> None:
     assert p["median_dev"] == pytest.approx(0.1) and p["max_dev"] == pytest.approx(0.1)
     assert [(f["knobs"], f["users"]) for f in p["verdict_flips"]] == [({"max_num_seqs": 8}, 8)]
     assert paired_points(summ({(64, 1): (1.0, True)}), grid) is None
+
+
+def test_the_report_names_the_runner_up_and_a_lead_inside_the_noise() -> None:
+    """One draw per config: the runner-up and how far behind it is are said, and a lead under
+    CLOSE_LEAD is called what it may be (noise), pointing to search.confirm."""
+    def cfg(knobs: dict, score: float | None, users: int = 8) -> dict:
+        return {"knobs": knobs, "score": score, "pruned": False, "why": "",
+                "points": [{"users": users, "meets": score is not None, "value": score or 50.0}]}
+
+    out = {"slo": ["p99_tpot_ms <= 50"], "points": 3, "engine_starts": 3, "engine_s": 30.0,
+           "grid_points": 9, "stopped": "the full grid",
+           "configs": [cfg({"max_num_seqs": 8}, 100.0), cfg({"max_num_seqs": 16}, 98.0, 16),
+                       cfg({"max_num_seqs": 4}, None)],
+           "best": {"knobs": {"max_num_seqs": 8}, "users": 8, "output_tok_s": 100.0,
+                    "serve": "vllm serve m"}}
+    r = slo_search.runner_up(out)
+    assert r == {"knobs": {"max_num_seqs": 16}, "users": 16, "score": 98.0, "behind": 0.02}
+    text = slo_search.report_text(out)
+    assert "runner-up: {'max_num_seqs': 16} at 16 users, 2.0% behind: one draw each" in text
+    assert "search.confirm" in text
+    out["configs"][1] = cfg({"max_num_seqs": 16}, 80.0, 16)
+    text = slo_search.report_text(out)
+    assert "20.0% behind" in text and "search.confirm" not in text
+    out["confirm"] = {"repeats": 3, "pick": {"max_num_seqs": 8}, "users": 8, "mean": 99.0,
+                      "meets": "3/3"}
+    out["engine_s_confirm"] = 12.0
+    assert "runner-up:" not in slo_search.report_text(out)  # confirmed: the repeats speak
+    out["configs"] = out["configs"][:1]
+    assert slo_search.runner_up(out) is None  # nothing else scored

@@ -326,6 +326,25 @@ def tune(params: SweepParams, outputs: Path | str | None = None, progress: bool 
     return (EXIT_FOUND if "best" in out else EXIT_NONE), out
 
 
+CLOSE_LEAD = 0.05  # a lead under this, one draw each, can be run-to-run noise (docs/slo-search.md)
+
+
+def runner_up(out: dict) -> dict[str, Any] | None:
+    """The config with the second-best score (from a summary's configs), its best point and
+    how far behind the answer it is: the answer's lead is one draw against one draw."""
+    best = out.get("best")
+    scored = sorted((c for c in out.get("configs", []) if c.get("score") is not None),
+                    key=lambda c: c["score"], reverse=True)
+    if best is None or len(scored) < 2 or not scored[0]["score"]:
+        return None
+    c = scored[1] if scored[0]["knobs"] == best["knobs"] else scored[0]
+    users = max((q for q in c["points"] if q.get("meets") and q.get("value") is not None),
+                key=lambda q: q["value"], default={}).get("users")
+    top = max(scored[0]["score"], c["score"])
+    return {"knobs": c["knobs"], "users": users, "score": c["score"],
+            "behind": round((top - c["score"]) / top, 4)}
+
+
 def report_text(out: dict) -> str:
     lines = [f"slo: {' and '.join(out['slo'])}",
              f"search: {out['points']} points on {len(out['configs'])} engine configs "
@@ -338,6 +357,12 @@ def report_text(out: dict) -> str:
                      if "vs_baseline" in b else ""),
                   f"  {b['serve']}"]
         c = out.get("confirm")
+        r = runner_up(out)
+        if r is not None and not c:
+            lines.append(f"runner-up: {r['knobs']} at {r['users']} users, {r['behind']:.1%} "
+                         "behind" + (f": one draw each, a lead under {CLOSE_LEAD:.0%} can be "
+                                     "run-to-run noise (search.confirm: 3 re-measures both)"
+                                     if r["behind"] < CLOSE_LEAD else ""))
         if c:
             lines.append(f"confirmed ({c['repeats']} repeats each, {out['engine_s_confirm']:.0f} s"
                          f"): {c['pick']} at {c['users']} users, mean {c['mean']:,.1f}, meets "
@@ -371,7 +396,7 @@ def run_or_replot(params_file: str | Path, overrides: dict[str, Any] | None = No
     report.enable_offline_charts()
     if not params.slo or not params.search:
         raise ValueError(f"{params_file}: no slo/search section: nothing to search")
-    print(describe(params))
+    print(describe(params, Path(outputs).resolve()))
     if dry_run:
         out = stored(Path(outputs).resolve(), params.experiment)
         print("dry run: nothing starts; " + ("the newest stored search:" if out else
