@@ -123,6 +123,9 @@ def test_index_and_compare_commands(capsys: pytest.CaptureFixture[str], tmp_path
     page = (tmp_path / "index.html").read_text()
     assert 'href="cpu/ch01/report.html"' in page and 'href="h200/ch01/report.html"' in page
     assert "NVIDIA H200" in page and "<script" not in page
+    (tmp_path / "index.html").unlink()
+    assert main(["index", "--outputs", str(tmp_path)]) == EXIT_OK  # as the other commands say
+    assert (tmp_path / "index.html").read_text() == page
     out = tmp_path / "cmp.html"
     assert main(["compare", str(tmp_path / "cpu" / "ch01"), str(tmp_path / "h200" / "ch01"),
                  "--out", str(out)]) == EXIT_OK

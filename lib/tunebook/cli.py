@@ -229,7 +229,8 @@ def _index(outputs: Path) -> Path | None:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    return EXIT_OK if _index(args.outputs or config.outputs_dir()) else EXIT_BAD_PARAMS
+    return EXIT_OK if _index(args.outputs or args.outputs_opt or config.outputs_dir()) \
+        else EXIT_BAD_PARAMS
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -329,7 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_claims)
     sp = sub.add_parser("index", help="rebuild outputs/index.html (every experiment, with "
                                       "links and headline numbers)")
-    sp.add_argument("outputs", type=Path, nargs="?", default=None)
+    sp.add_argument("outputs", type=Path, nargs="?", default=None,
+                    help="the outputs folder (default: $TUNEBOOK_OUTPUTS or outputs/)")
+    sp.add_argument("--outputs", type=Path, dest="outputs_opt", default=None,
+                    help="the same, as the other commands spell it")
     sp.set_defaults(fn=cmd_index)
     sp = sub.add_parser("compare", help="overlay two or more experiments in one chart per "
                                         "metric (an offline HTML page)")
