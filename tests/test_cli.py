@@ -15,6 +15,18 @@ def test_plan_is_a_dry_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
 
 
+@pytest.mark.parametrize("cmd", [["plan"], ["run", "--dry-run"]])
+def test_a_search_is_planned_as_a_search(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                         cmd: list[str]) -> None:
+    """Params with slo/search run their search (20_slo, `tune`): the dry run describes it,
+    not the base config's sweep over every level, which is not what runs."""
+    assert main([cmd[0], str(REPO / "params" / "slo.yaml"), "--outputs", str(tmp_path),
+                 *cmd[1:]]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert out.startswith("search slo: maximise output_tok_s subject to ") and "todo" not in out
+    assert not any(tmp_path.iterdir())
+
+
 def test_run_dry_run_with_override(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     rc = main(["run", str(REPO / "params" / "quickstart.yaml"), "-p", "load.users", "[1]",
                "--outputs", str(tmp_path), "--dry-run"])

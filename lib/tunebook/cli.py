@@ -70,11 +70,21 @@ def preflight(path: Path, overrides: dict[str, Any] | None = None) -> P.SweepPar
     return params
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def _describe(params: P.SweepParams, outputs: Path) -> str:
+    """A dry run: the sweep's plan, or for params with slo/search (their notebook and `tune`
+    search) the search's space, budget and stored points; the base config's plan is not what
+    runs there."""
+    if params.slo and params.search:
+        from tunebook import slo_search
+
+        return slo_search.describe(params, outputs)
     from tunebook.sweep import Sweep
 
-    sweep = Sweep(_load(args), args.outputs or config.outputs_dir(), progress=False)
-    print(sweep.describe())
+    return Sweep(params, outputs, progress=False).describe()
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    print(_describe(_load(args), args.outputs or config.outputs_dir()))
     return EXIT_OK
 
 
@@ -87,10 +97,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     _ray(args)  # in the environment: the papermill kernel's sweep reads it
     params = _load(args)
     outputs = (args.outputs or config.outputs_dir()).resolve()
-    sweep = Sweep(params, outputs, progress=False)
     if args.dry_run:
-        print(sweep.describe())
+        print(_describe(params, outputs))
         return EXIT_OK
+    sweep = Sweep(params, outputs, progress=False)
     if args.replot and sweep.plan.runs and not sweep.store.rows():
         print(f"tunebook: --replot needs stored runs; {sweep.store.root} has none",
               file=sys.stderr)
