@@ -194,3 +194,33 @@ def test_tune_dry_run_says_what_a_run_would_resume_from(capsys: pytest.CaptureFi
     assert main(["tune", str(REPO / "params" / "slo.yaml"), "--outputs",
                  str(tmp_path), "--dry-run"]) == EXIT_OK
     assert "stored in" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("env", "said"), [
+    ({"TUNEBOOK_WAIT_S": "soon"}, "TUNEBOOK_WAIT_S='soon': expected seconds to wait"),
+    ({"TUNEBOOK_DEADLINE": "abc"}, "TUNEBOOK_DEADLINE='abc': expected a unix time"),
+    ({"TUNEBOOK_RAY": "local", "TUNEBOOK_RAY_SLOTS": "-1"},
+     "TUNEBOOK_RAY_SLOTS='-1': expected engines at once, 1 or more"),
+])
+def test_a_bad_environment_variable_is_said_before_anything_is_written(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        env: dict[str, str], said: str) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("TUNEBOOK_STATE_DIR", str(tmp_path / "state"))
+    out = tmp_path / "out"
+    assert main(["sweep", str(REPO / "params" / "quickstart.yaml"), "--outputs", str(out)]) \
+        == EXIT_BAD_PARAMS
+    assert f"tunebook: {said}" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags", [["--wait", "-3"], ["--ray-slots", "0"],
+                                   ["--ray-slots", "two"]])
+def test_bad_numbers_in_flags_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                     flags: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", str(REPO / "params" / "quickstart.yaml"), "--outputs", str(tmp_path),
+              "--dry-run", *flags])
+    assert e.value.code == EXIT_BAD_PARAMS
+    assert f"argument {flags[0]}: expected" in capsys.readouterr().err

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -168,11 +169,30 @@ def _ray(args: argparse.Namespace) -> None:
             os.environ[RAY_SLOTS_ENV] = str(args.ray_slots)
 
 
+def _at_least(lo: float, typ: type[int] | type[float]) -> Callable[[str], int | float]:
+    """An argparse type: a number of `typ`, `lo` or more (argparse says the flag and exits 2)."""
+    def parse(text: str) -> int | float:
+        try:
+            value = typ(text)
+        except ValueError:
+            value = None
+        if value is None or value != value or value < lo:
+            kind = "an integer" if typ is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {kind} of {lo:g} or more, got {text!r}")
+        return value
+    return parse
+
+
+def _add_wait(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--wait", type=_at_least(0, float), default=0, metavar="SECONDS",
+                    help="wait this long for another sweep holding the machine (default: refuse)")
+
+
 def _add_ray(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                     help="run each engine config as a Ray task on a cluster (ADDRESS, e.g. "
                          "ray://head:10001 or auto), or on a local one started here")
-    sp.add_argument("--ray-slots", type=int, default=None, metavar="N",
+    sp.add_argument("--ray-slots", type=_at_least(1, int), default=None, metavar="N",
                     help="engines at once on a local Ray cluster (CPU: cores are split "
                          "between them; default 1)")
 
@@ -304,8 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "figures and claims redrawn by this code, no engine started — e.g. "
                          "for results brought back from a GPU box")
     sp.add_argument("-q", "--quiet", action="store_true")
-    sp.add_argument("--wait", type=float, default=0, metavar="SECONDS",
-                    help="wait this long for another sweep holding the machine (default: refuse)")
+    _add_wait(sp)
     _add_ray(sp)
     _add_no_input(sp)
     sp.set_defaults(fn=cmd_run)
@@ -316,8 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(sp)
     sp.add_argument("--dry-run", action="store_true")
     sp.add_argument("-q", "--quiet", action="store_true")
-    sp.add_argument("--wait", type=float, default=0, metavar="SECONDS",
-                    help="wait this long for another sweep holding the machine (default: refuse)")
+    _add_wait(sp)
     _add_ray(sp)
     sp.set_defaults(fn=cmd_sweep)
     sp = sub.add_parser("tune", help="the config that serves the most within an SLO: an "
@@ -325,8 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(sp)
     sp.add_argument("--dry-run", action="store_true", help="print the space; start nothing")
     sp.add_argument("-q", "--quiet", action="store_true")
-    sp.add_argument("--wait", type=float, default=0, metavar="SECONDS",
-                    help="wait this long for another sweep holding the machine (default: refuse)")
+    _add_wait(sp)
     sp.set_defaults(fn=cmd_tune)
     sp = sub.add_parser("render", help="render an experiment's executed notebook to HTML")
     sp.add_argument("experiment_dir", type=Path, help="e.g. outputs/quickstart")

@@ -90,8 +90,25 @@ def batch() -> bool:
     return bool(os.environ.get(BATCH_ENV))
 
 
+def env_number(name: str, typ: type[int] | type[float], lo: float, what: str
+               ) -> int | float | None:
+    """A number from the environment, None when unset; a value that is not one (or is below
+    `lo`) is an EnvError naming the variable, said before anything starts."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = typ(raw)
+    except ValueError:
+        value = None
+    if value is None or value != value or value < lo:  # value != value: NaN
+        raise EnvError(f"{name}={raw!r}: expected {what}")
+    return value
+
+
 def wait_s() -> float:
-    return float(os.environ.get(WAIT_ENV, "0") or 0)
+    """How long a sweep waits for another holding the machine (`--wait` sets it)."""
+    return float(env_number(WAIT_ENV, float, 0, "seconds to wait, 0 or more (e.g. 600)") or 0)
 
 
 def deadline() -> float | None:

@@ -359,8 +359,9 @@ class Sweep:
         if executor is None and address and keeper is None:
             from tunebook.ray_sweep import RayExecutor
 
+            slots = config.env_number(RAY_SLOTS_ENV, int, 1, "engines at once, 1 or more")
             executor = RayExecutor(None if address == "local" else address,
-                                   int(os.environ.get(RAY_SLOTS_ENV) or 0) or None)
+                                   int(slots) if slots else None)
         self.executor = executor
         self.steps = StepTimes()
         self.client = ClientCache()  # one tokenizer load per sweep, not one per run
@@ -405,8 +406,8 @@ class Sweep:
                 resolve_draft(e.knobs)
             if self.executor is None:  # on Ray the node that runs a config must have it
                 peer.require_installed([e.knobs for e in self.plan.engines])
+        config.deadline()  # a malformed deadline is said now, before anything is written
         self.store.check_writable()
-        config.deadline()  # a malformed deadline is said now, not at the first engine start
         machine = (contextlib.nullcontext() if self.keeper or not self.machine_lock
                    else machine_lock(self.wait_s))
         with experiment_lock(self.store.root), machine, sigterm_as_exception():
