@@ -224,3 +224,19 @@ def test_bad_numbers_in_flags_exit_2(capsys: pytest.CaptureFixture[str], tmp_pat
               "--dry-run", *flags])
     assert e.value.code == EXIT_BAD_PARAMS
     assert f"argument {flags[0]}: expected" in capsys.readouterr().err
+
+
+def test_engines_phases_reads_stored_starts(capsys: pytest.CaptureFixture[str],
+                                            tmp_path: Path) -> None:
+    """`tunebook engines --phases`: one line per stored engine start, its phases summing to
+    its start; a folder that does not exist is bad input, not an empty table."""
+    exp = REPO / "outputs" / "cpu" / "ch01"
+    assert main(["engines", "--phases", str(exp)]) == EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"== {exp}: where each engine start's time went")
+    header, first = lines[1].split(), lines[2].split()
+    assert header[0:2] == ["engine", "config"] and "total_s" in header
+    phases = [float(x) for x in first[1:header.index("total_s") - 1]]
+    assert sum(phases) == pytest.approx(float(first[header.index("total_s") - 1]), abs=1.0)
+    assert main(["engines", "--phases", str(tmp_path / "nope")]) == EXIT_BAD_PARAMS
+    assert "no such folder" in capsys.readouterr().err

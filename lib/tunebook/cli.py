@@ -296,6 +296,10 @@ def cmd_engines(args: argparse.Namespace) -> int:
         from tunebook import start_phases
         from tunebook.store import Store, find_experiments
 
+        missing = [str(r) for r in args.phases if not Path(r).is_dir()]
+        if missing:
+            print(f"tunebook: no such folder: {', '.join(missing)}", file=sys.stderr)
+            return EXIT_BAD_PARAMS
         for root in args.phases:
             for exp in find_experiments(root) or [root]:
                 frame = start_phases.phases_frame(list(Store(exp).records()), exp)
