@@ -240,3 +240,21 @@ def test_engines_phases_reads_stored_starts(capsys: pytest.CaptureFixture[str],
     assert sum(phases) == pytest.approx(float(first[header.index("total_s") - 1]), abs=1.0)
     assert main(["engines", "--phases", str(tmp_path / "nope")]) == EXIT_BAD_PARAMS
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_a_restarted_config_is_charged_its_first_start(capsys: pytest.CaptureFixture[str],
+                                                       tmp_path: Path) -> None:
+    """A search resumed in a second call started a config again (warm, shorter): the stored
+    progress charges the start an uninterrupted search would have paid, the first."""
+    from tunebook.store import Store
+
+    store = Store(tmp_path / "slo")
+    for run, users, t0, start_s in (("a", 4, "2026-01-01T00:00:00Z", 100.0),
+                                    ("b", 8, "2026-01-01T01:00:00Z", 60.0)):
+        store.save_run({"row": {"run_id": run, "status": "ok", "engine_config_id": "e1",
+                                "max_concurrency": users, "startup_s": start_s,
+                                "started_at": t0, "finished_at": t0.replace(":00Z", ":10Z")}})
+    assert main(["tune", str(REPO / "params" / "slo.yaml"), "--outputs", str(tmp_path),
+                 "--dry-run"]) == EXIT_OK
+    assert "stored in slo/: 2 points ok on 1 engine config, 120 s of engine time" in \
+        capsys.readouterr().out  # 100 s (the first start) + 2 × 10 s of runs

@@ -129,20 +129,25 @@ def point_cost(rows: list[dict[str, Any]]) -> dict[str, float]:
 def stored_progress(params: SweepParams, outputs: Path | str | None) -> str | None:
     """What a run of this search would resume from: the points (engine config, load) stored
     ok in its experiment, their engine configs, and their engine time (point_cost: the runs,
-    plus each config's start once). None when nothing is stored."""
+    plus each config's start once: its first, as a search that was never cut short would
+    have paid; a config restarted by a resume has a second, often warm, start). None when
+    nothing is stored."""
     store = Store(Path(outputs or config.outputs_dir()) / params.experiment)
     points: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
-    for r in store.rows():
-        if r.get("status") == schema.STATUS_OK:
-            points.setdefault((r.get("engine_config_id"), r.get("max_concurrency")), []).append(r)
+    ok = [r for r in store.rows() if r.get("status") == schema.STATUS_OK]
+    for r in sorted(ok, key=lambda r: str(r.get("started_at"))):
+        points.setdefault((r.get("engine_config_id"), r.get("max_concurrency")), []).append(r)
     if not points:
         return None
     costs = {k: point_cost(rows) for k, rows in points.items()}
-    starts = {cfg: c["start_s"] for (cfg, _), c in costs.items()}
+    starts: dict[Any, float] = {}
+    for (cfg, _), c in costs.items():  # points in the order they first ran
+        starts.setdefault(cfg, c["start_s"])
     engine_s = sum(starts.values()) + sum(c["seconds"] for c in costs.values())
-    return (f"  stored in {store.root.name}/: {len(points)} points ok on {len(starts)} engine "
-            f"configs, {engine_s:,.0f} s of engine time; a run resumes from them (a point "
-            "stored is never run again)")
+    n, m = len(points), len(starts)
+    return (f"  stored in {store.root.name}/: {n} point{'s' * (n != 1)} ok on {m} engine "
+            f"config{'s' * (m != 1)}, {engine_s:,.0f} s of engine time; a run resumes from "
+            "them (a point stored is never run again)")
 
 
 def describe(params: SweepParams, outputs: Path | str | None = None) -> str:
