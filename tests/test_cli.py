@@ -258,3 +258,11 @@ def test_a_restarted_config_is_charged_its_first_start(capsys: pytest.CaptureFix
                  "--dry-run"]) == EXIT_OK
     assert "stored in slo/: 2 points ok on 1 engine config, 120 s of engine time" in \
         capsys.readouterr().out  # 100 s (the first start) + 2 × 10 s of runs
+    # run a again later (ok again): the search reads its latest attempt, counted once
+    store.save_run({"row": {"run_id": "a", "status": "ok", "engine_config_id": "e1",
+                            "max_concurrency": 4, "startup_s": 50.0,
+                            "started_at": "2026-01-01T02:00:00Z",
+                            "finished_at": "2026-01-01T02:00:10Z"}})
+    assert main(["tune", str(REPO / "params" / "slo.yaml"), "--outputs", str(tmp_path),
+                 "--dry-run"]) == EXIT_OK
+    assert "2 points ok on 1 engine config, 80 s of engine time" in capsys.readouterr().out

@@ -134,8 +134,13 @@ def stored_progress(params: SweepParams, outputs: Path | str | None) -> str | No
     nothing is stored."""
     store = Store(Path(outputs or config.outputs_dir()) / params.experiment)
     points: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
-    ok = [r for r in store.rows() if r.get("status") == schema.STATUS_OK]
-    for r in sorted(ok, key=lambda r: str(r.get("started_at"))):
+    latest: dict[Any, dict[str, Any]] = {}  # run id -> its latest ok attempt, as the search reads
+    for r in store.rows():
+        prev = latest.get(r.get("run_id"))
+        if r.get("status") == schema.STATUS_OK and (
+                prev is None or str(r.get("finished_at")) >= str(prev.get("finished_at"))):
+            latest[r.get("run_id")] = r
+    for r in sorted(latest.values(), key=lambda r: str(r.get("started_at"))):
         points.setdefault((r.get("engine_config_id"), r.get("max_concurrency")), []).append(r)
     if not points:
         return None
