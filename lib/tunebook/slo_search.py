@@ -21,7 +21,7 @@ import pandas as pd
 
 from tunebook import config, schema, slo
 from tunebook.params import SweepParams
-from tunebook.store import Store, stamp, write_new
+from tunebook.store import Store, latest_attempts, stamp, write_new
 from tunebook.sweep import EngineKeeper, Sweep, run_seconds
 
 EXIT_FOUND, EXIT_NONE = 0, 1
@@ -134,13 +134,8 @@ def stored_progress(params: SweepParams, outputs: Path | str | None) -> str | No
     nothing is stored."""
     store = Store(Path(outputs or config.outputs_dir()) / params.experiment)
     points: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
-    latest: dict[Any, dict[str, Any]] = {}  # run id -> its latest ok attempt, as the search reads
-    for r in store.rows():
-        prev = latest.get(r.get("run_id"))
-        if r.get("status") == schema.STATUS_OK and (
-                prev is None or str(r.get("finished_at")) >= str(prev.get("finished_at"))):
-            latest[r.get("run_id")] = r
-    for r in sorted(latest.values(), key=lambda r: str(r.get("started_at"))):
+    ok = [r for r in latest_attempts(store.rows()) if r.get("status") == schema.STATUS_OK]
+    for r in sorted(ok, key=lambda r: str(r.get("started_at"))):  # the row the search reads
         points.setdefault((r.get("engine_config_id"), r.get("max_concurrency")), []).append(r)
     if not points:
         return None

@@ -155,8 +155,8 @@ class Store:
         return [r["row"] for r in self.records() if isinstance(r, dict) and "row" in r]
 
     def latest_rows(self, run_ids: Iterable[str]) -> list[dict[str, Any]]:
-        """The row `table()` keeps for each of these runs (its latest ok attempt, else its
-        latest attempt), read from those runs' files only: a search asks after each point."""
+        """The row `table()` keeps for each of these runs (latest_attempts), read from those
+        runs' files only: a search asks after each point."""
         out = []
         for rid in run_ids:
             rows = []
@@ -167,10 +167,7 @@ class Store:
                     continue
                 if isinstance(record, dict) and isinstance(record.get("row"), dict):
                     rows.append(schema.upgrade(record["row"], source=str(p)))
-            rows.sort(key=lambda r: (r.get("status") == schema.STATUS_OK,
-                                     str(r.get("finished_at") or "")))
-            if rows:
-                out.append(rows[-1])
+            out += latest_attempts(rows)
         return out
 
     def finished_run_ids(self) -> set[str]:
@@ -186,6 +183,19 @@ class Store:
         df = self.table(latest_only=False)
         path = self.root / TABLE
         return replace_atomic(path, df.to_parquet(index=False))
+
+
+def latest_attempts(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per run id, the one `table()` keeps: its latest ok attempt, else its latest
+    attempt (in the order the run ids first appear)."""
+    best: dict[Any, dict[str, Any]] = {}
+    key = lambda r: (r.get("status") == schema.STATUS_OK,  # noqa: E731
+                     str(r.get("finished_at") or ""))
+    for r in rows:
+        rid = r.get("run_id")
+        if rid not in best or key(r) >= key(best[rid]):
+            best[rid] = r
+    return list(best.values())
 
 
 def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
