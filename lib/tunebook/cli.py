@@ -172,11 +172,8 @@ def _ray(args: argparse.Namespace) -> None:
 def _at_least(lo: float, typ: type[int] | type[float]) -> Callable[[str], int | float]:
     """An argparse type: a number of `typ`, `lo` or more (argparse says the flag and exits 2)."""
     def parse(text: str) -> int | float:
-        try:
-            value = typ(text)
-        except ValueError:
-            value = None
-        if value is None or value != value or value < lo:
+        value = config.number_at_least(text, typ, lo)
+        if value is None:
             kind = "an integer" if typ is int else "a number"
             raise argparse.ArgumentTypeError(f"expected {kind} of {lo:g} or more, got {text!r}")
         return value

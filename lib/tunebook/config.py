@@ -90,6 +90,15 @@ def batch() -> bool:
     return bool(os.environ.get(BATCH_ENV))
 
 
+def number_at_least(text: str, typ: type[int] | type[float], lo: float) -> int | float | None:
+    """`text` as a number of `typ`, `lo` or more; None when it is not one (NaN included)."""
+    try:
+        value = typ(text.strip())
+    except ValueError:
+        return None
+    return None if value != value or value < lo else value
+
+
 def env_number(name: str, typ: type[int] | type[float], lo: float, what: str
                ) -> int | float | None:
     """A number from the environment, None when unset; a value that is not one (or is below
@@ -97,11 +106,8 @@ def env_number(name: str, typ: type[int] | type[float], lo: float, what: str
     raw = os.environ.get(name, "").strip()
     if not raw:
         return None
-    try:
-        value = typ(raw)
-    except ValueError:
-        value = None
-    if value is None or value != value or value < lo:  # value != value: NaN
+    value = number_at_least(raw, typ, lo)
+    if value is None:
         raise EnvError(f"{name}={raw!r}: expected {what}")
     return value
 
