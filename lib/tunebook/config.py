@@ -119,14 +119,9 @@ def wait_s() -> float:
 
 def deadline() -> float | None:
     """DEADLINE_ENV as a unix time, None when unset."""
-    raw = os.environ.get(DEADLINE_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise EnvError(f"{DEADLINE_ENV}={raw!r}: expected a unix time in seconds "
-                         "(e.g. $(( $(date +%s) + 540 )))") from None
+    value = env_number(DEADLINE_ENV, float, float("-inf"),
+                       "a unix time in seconds (e.g. $(( $(date +%s) + 540 )))")
+    return None if value is None else float(value)
 
 
 def package_data(name: str) -> Path:
