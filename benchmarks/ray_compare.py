@@ -18,17 +18,14 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "lib"))
-
-from tunebook.store import Store  # noqa: E402
+from tunebook.results.store import Store, ok_rows
 
 METRICS = ("output_tok_s", "p50_tpot_ms", "p99_tpot_ms", "p50_ttft_ms", "p99_ttft_ms")
 
 
-def ok_rows(folder: Path) -> dict[str, dict]:
-    table = Store(folder).table()
-    return {r["run_id"]: r for r in table.to_dict("records") if r.get("status") == "ok"}
+def ok_by_run(folder: Path) -> dict[str, dict]:
+    """An experiment's ok rows (the row Store.table keeps of each run), by run id."""
+    return {r["run_id"]: r for r in ok_rows(Store(folder).table()).to_dict("records")}
 
 
 def main() -> int:
@@ -37,8 +34,8 @@ def main() -> int:
     ap.add_argument("references", type=Path, nargs="+")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    mine = ok_rows(args.experiment)
-    refs = {r.as_posix(): ok_rows(r) for r in args.references}
+    mine = ok_by_run(args.experiment)
+    refs = {r.as_posix(): ok_by_run(r) for r in args.references}
     head = " | ".join(f"{m} ÷ ref" for m in METRICS)
     lines = [f"# `{args.experiment.as_posix()}` against sweeps of the same runs", "",
              f"Command: `python benchmarks/ray_compare.py {' '.join(sys.argv[1:])}`. "

@@ -12,7 +12,6 @@ Prints the driver's exit, which vLLM servers are left 3 s and 25 s later, and th
 from __future__ import annotations
 
 import glob
-import json
 import os
 import signal
 import subprocess
@@ -22,6 +21,9 @@ import time
 from pathlib import Path
 
 import psutil
+
+from tunebook.results.store import Store
+from tunebook.servers.vllm import SERVER_MODULE
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = """experiment: {exp}
@@ -33,10 +35,17 @@ load: {{users: [1], input_len: 64, output_len: 512, prompts_per_user: 8, num_war
 
 
 def servers() -> list[int]:
+    """Every vLLM API server on this machine, found by command line, not by tunebook's own
+    record (list_engines: the pid files Engine writes). Each Ray task's engines keep their pid
+    files in that task's own state folder (ray_cluster.run_config: <tmp>/tunebook-ray-*/state;
+    the driver's TUNEBOOK_STATE_DIR below holds none), which the task deletes when it ends;
+    and what this check asks is whether a server outlived the code that keeps those files:
+    only the process table can say. The module matched is the library's own (SERVER_MODULE,
+    what Engine runs)."""
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if cmd and "python" in cmd[0] and "vllm.entrypoints.openai.api_server" in cmd:
+        if cmd and "python" in cmd[0] and SERVER_MODULE in cmd:
             out.append(p.pid)
     return out
 
@@ -70,8 +79,7 @@ def main() -> int:
         time.sleep(wait)
         print(f"vLLM servers left after {time.monotonic() - t1:.0f} s: "
               f"{sorted(set(servers()) - before)}")
-    rows = [json.loads(Path(f).read_text())["row"]["status"]
-            for f in glob.glob(str(work / "out" / exp / "runs" / "*.json"))]
+    rows = [r.get("status") for r in Store(work / "out" / exp).rows()]
     print(f"rows stored: {rows}")
     return 0
 

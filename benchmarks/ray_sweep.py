@@ -20,10 +20,11 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "lib"))
+from tunebook.core import hardware
+from tunebook.servers import compile_cache
 
-from tunebook import compile_cache, hardware  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
 
 PARAMS = {
     "experiment": "ray-bench", "model": "qwen3-tiny", "engine": {"max_model_len": 1024},

@@ -13,7 +13,7 @@ same measurements, without the run-to-run noise of two live runs).
     bash scripts/h200_run.sh '@560:bench slo_bench.py params/slo-h200.yaml --kinds grid'
 
 Engine time = seconds spent inside sweeps (engine starts, warm-ups, runs, stops). Both start
-with empty compile caches (tunebook.compile_cache.clear), so neither inherits the other's.
+with empty compile caches (tunebook.servers.compile_cache.clear), so neither inherits the other's.
 `--out DIR` keeps both experiments and the report (benchmark.md, benchmark.json) in DIR.
 """
 
@@ -28,13 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "lib"))
-
-from tunebook import compile_cache, config, hardware, slo, slo_search  # noqa: E402
-from tunebook import params as P  # noqa: E402
-from tunebook.store import Store, stamp, write_new  # noqa: E402
-from tunebook.sweep import Terminated, sigterm_as_exception  # noqa: E402
+from tunebook.core import config, hardware
+from tunebook.inputs import params as P
+from tunebook.inputs import slo
+from tunebook.measure.locks import Terminated, sigterm_as_exception
+from tunebook.results.store import Store, stamp, write_new
+from tunebook.search import adaptive
+from tunebook.search import tune as slo_search
+from tunebook.servers import compile_cache
 
 
 def replay(grid: dict, spec: slo.SearchSpec, bounds: tuple[slo.Bound, ...], seeds: int,
@@ -46,8 +47,8 @@ def replay(grid: dict, spec: slo.SearchSpec, bounds: tuple[slo.Bound, ...], seed
     missing = {repr(sorted(k.items())) for k in grid.get("missing_configs") or []}
     out = []
     for seed in range(seeds):
-        ev = slo.Replay(grid, spec.objective)
-        res = slo.search(ev, dataclasses.replace(spec, seed=seed), bounds)
+        ev = adaptive.Replay(grid, spec.objective)
+        res = adaptive.search(ev, dataclasses.replace(spec, seed=seed), bounds)
         pick = res.best
         picked = scores.get(repr(sorted(pick.knobs.items()))) if pick else None
         out.append({
@@ -84,9 +85,9 @@ def live_stop(live: dict, spec: slo.SearchSpec, bounds: tuple[slo.Bound, ...],
     its own stored points with the same seed. The stopping rule changes no proposal (TPE sees
     the same scores in the same order), so the replay retraces the live run and only stops
     sooner or later. None when it would have gone past the live record (a point not run)."""
-    ev = slo.Replay(live, spec.objective)
+    ev = adaptive.Replay(live, spec.objective)
     try:
-        res = slo.search(ev, dataclasses.replace(spec, min_gain=min_gain), bounds)
+        res = adaptive.search(ev, dataclasses.replace(spec, min_gain=min_gain), bounds)
     except KeyError:
         return None
     best = res.best
@@ -120,7 +121,7 @@ def reuse_grid(params: Any, spec: slo.SearchSpec, outputs: Path, earlier: list[P
     copied."""
     import shutil
 
-    from tunebook.plan import make_plan
+    from tunebook.inputs.plan import make_plan
 
     grid = dataclasses.replace(params, experiment=f"{params.experiment}-grid")
     ev = slo_search.SweepEvaluator(grid, outputs, progress=False, stored_only=True)
@@ -191,7 +192,7 @@ def main() -> int:
         where = grid_outputs if kind == "grid" else outputs
         if kind == "grid" and args.stored_only:
             ev = slo_search.SweepEvaluator(p, where, progress=False, stored_only=True)
-            out = slo_search.summary(p, slo.full_grid(ev, spec, bounds), ev)
+            out = slo_search.summary(p, adaptive.full_grid(ev, spec, bounds), ev)
             out["missing_configs"] = [c["knobs"] for c in out["configs"] if all(
                 q["value"] is None and not q.get("seconds") for q in c["points"])]
             results[kind] = out
@@ -206,8 +207,8 @@ def main() -> int:
         t0 = time.monotonic()
         try:  # SIGTERM (a device call's limit) stops the engine; stored points resume
             with sigterm_as_exception():
-                res = (slo.full_grid(ev, spec, bounds) if kind == "grid"
-                       else slo.search(ev, spec, bounds))
+                res = (adaptive.full_grid(ev, spec, bounds) if kind == "grid"
+                       else adaptive.search(ev, spec, bounds))
         finally:
             ev.close()
         out = slo_search.summary(p, res, ev)

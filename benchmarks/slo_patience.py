@@ -22,14 +22,13 @@ import json
 import sys
 from pathlib import Path
 
+from tunebook.inputs import params as P
+from tunebook.inputs import slo
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "lib"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from slo_bench import REPLAY_HEAD, replay, replay_cells  # noqa: E402
-
-from tunebook import params as P  # noqa: E402
-from tunebook import slo  # noqa: E402
 
 
 def main() -> int:

@@ -4,7 +4,7 @@ For each engine config: a *cold* start (its compile caches — vLLM's, Inductor'
 in an empty folder), then a *warm* start of the same config with that folder kept. The first
 config may also be started cold a second time (`--recold`): the page cache is hot by then, so
 cold − recold shows what reading the files from disk cost. Every start is cut into its
-phases (tunebook.start_phases) and stored as one JSON file under OUT/starts/ (never
+phases (tunebook.servers.start_phases) and stored as one JSON file under OUT/starts/ (never
 overwritten); OUT/start-phases.md is rebuilt from all of them at the end.
 
     # CPU (qwen3-tiny):
@@ -38,14 +38,14 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "lib"))
+from tunebook.core import hardware
+from tunebook.models.presets import resolve_model
+from tunebook.results.store import stamp, write_new
+from tunebook.servers.start_phases import PHASES, parse_phases
+from tunebook.servers.vllm import Engine
 
-from tunebook import hardware  # noqa: E402
-from tunebook.engine import Engine  # noqa: E402
-from tunebook.models import resolve_model  # noqa: E402
-from tunebook.start_phases import PHASES, parse_phases  # noqa: E402
-from tunebook.store import stamp, write_new  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
 
 PROBE_DIR = REPO / "benchmarks" / "startup_probe"
 _PROBE = re.compile(r"tunebook-probe: (\S+) took ([\d.]+) s")
@@ -133,7 +133,8 @@ def report(out: Path) -> str:
         starts.append(s)
     extra = [json.loads(p.read_text()) for p in sorted((out / "imports").glob("*.json"))]
     lines = ["# Engine starts, cold vs warm, phase by phase", "",
-             "Phases cut at vLLM's own log lines (tunebook.start_phases; ± 1 s each, summing "
+             "Phases cut at vLLM's own log lines (tunebook.servers.start_phases; ± 1 s each, "
+             "summing "
              "to the start). *cold*: compile caches (vLLM, Inductor, Triton) empty; *warm*: "
              "the same config again with them kept; *recold*: cold again with the page cache "
              "hot. Command: see benchmarks/start_phases.py.", ""]

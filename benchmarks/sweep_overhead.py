@@ -19,10 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from tunebook import hardware
-from tunebook import params as P
-from tunebook.start_phases import PHASES
-from tunebook.sweep import StepTimes, Sweep
+from tunebook.core import hardware
+from tunebook.inputs import params as P
+from tunebook.measure.progress import StepTimes
+from tunebook.measure.sweep import Sweep, SweepOptions
+from tunebook.servers.start_phases import PHASES
 
 REPO = Path(__file__).resolve().parents[1]
 HISTORY = "## History"  # the out file's section from here on is kept when it is rewritten
@@ -37,7 +38,7 @@ def main() -> None:
                     {"load.users": args.users, "experiment": "overhead-bench"})
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.monotonic()
-        result = Sweep(params, tmp, progress=True).run()
+        result = Sweep(params, tmp, SweepOptions(progress=True)).run()
         wall_s = time.monotonic() - t0
         df = result.store.table()
     bench_s = float(df["duration_s"].sum())
@@ -82,7 +83,7 @@ engine start and the client rows, so the overhead rows add up to the overhead ab
 {steps}
 
 The engine starts, phase by phase (vLLM's log lines; the first start runs beside the client's
-import at nice 19, tunebook.load.prefetch_client):
+import at nice 19, tunebook.measure.client.prefetch_client):
 
 | engine config | start-up s | {' | '.join(phases)} |
 |---|---|{'---|' * len(phases)}

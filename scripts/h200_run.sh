@@ -11,7 +11,7 @@
 # A step with a limit gets SIGTERM when it is reached: tunebook marks the run in flight
 # 'interrupted', stops the engine and exits 143; a later step (or call) resumes it. Before
 # that, TUNEBOOK_DEADLINE (the limit less 15 s) keeps a sweep from starting an engine that
-# its stored runs say would not finish a run in time (tunebook.sweep.DeadlineNear): the call
+# its stored runs say would not finish a run in time (tunebook.measure.supply.DeadlineNear): the call
 # ends early instead of paying for a start the limit would kill.
 # Results go to outputs/h200/ of the device's copy of the checkout, so a later call that carries
 # this checkout (with outputs/h200/<experiment> unpacked) resumes where the last one stopped.
@@ -54,7 +54,7 @@ for bundle in .carry/ray-*.tar.xz; do
 done
 [[ -d /root/raysite ]] && PYTHONPATH="$PYTHONPATH:/root/raysite"
 # SGLang (engine_kind: sglang), when scripts/sglang_bundle.sh's parts are staged: its own
-# folder goes first on the SGLang server's PYTHONPATH only (tunebook.peer.PATH_ENV)
+# folder goes first on the SGLang server's PYTHONPATH only (tunebook.servers.sglang.PATH_ENV)
 [[ -d /root/sglsite/sglang ]] && export TUNEBOOK_SGLANG_PYTHONPATH=/root/sglsite
 export TUNEBOOK_CACHE="${TUNEBOOK_CACHE:-/root/tunebook-cache}"
 if [[ -d .cache/models/_tokenizer ]]; then

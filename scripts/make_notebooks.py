@@ -15,8 +15,7 @@ from pathlib import Path
 
 import nbformat as nbf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-from tunebook import figures  # noqa: E402  (after the path: runs from a checkout)
+from tunebook import figures
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 md = nbf.v4.new_markdown_cell
@@ -34,7 +33,8 @@ dry_run: bool = False  # True: print the plan and start no engine''')
 
 SETUP = '''from IPython.display import Markdown, display
 
-from tunebook import charts, workbook
+from tunebook.charts import plots as charts
+from tunebook.present import workbook
 
 wb = workbook.open(params_file, overrides, outputs, dry_run=dry_run)
 display(Markdown(wb.header()))'''
@@ -139,7 +139,7 @@ dry_run: bool = False  # with interactive False: start nothing, show the stored 
            "- A value the params would reject (users `1, x`, a fraction above 1) is reported "
            "in the panel; no engine starts."),
         cell,
-        code("from tunebook import panel as tune\n\n"
+        code("from tunebook.present import panel as tune\n\n"
              "panel = tune.panel(params_file, overrides, outputs)\n"
              "panel.show(interactive, dry_run=dry_run)"),
         md("## The params behind the panel\nThe dry run of the panel's params as they were when "
@@ -173,9 +173,11 @@ meeting them, without running the whole grid:
 Every point is an ordinary stored run: running this again resumes, and reuses every stored point.
 Unattended: `tunebook tune params/slo.yaml` (exit 0: found, 1: no config meets the SLO)."""),
         parameters("../params/slo.yaml"),
-        code("""from tunebook import charts, slo_search
+        code("""from tunebook.charts import plots as charts
+from tunebook.present import workbook
+from tunebook.search import tune as slo_search
 
-summary = slo_search.run_or_replot(params_file, overrides, outputs, dry_run=dry_run)"""),
+summary = workbook.search(params_file, overrides, outputs, dry_run=dry_run)"""),
         md("## Every evaluated point\nThe first SLO metric against the objective; crosses miss "
            "the SLO, the dashed line is the frontier of the points that meet it, the ring is "
            "the answer."),

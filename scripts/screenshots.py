@@ -15,24 +15,16 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from tunebook.present import browser
+from tunebook.servers.base import free_port
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "lib"))
-
-from tunebook import browser  # noqa: E402
-
 SHOTS = REPO / "docs" / "screenshots"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(fn, timeout_s: float, what: str, every_s: float = 1.0):
@@ -71,7 +63,7 @@ def page_shots() -> list[Path]:
 def lab_shot(users: str = "1, 2, 4") -> Path:
     from selenium.webdriver.common.by import By
 
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = {**os.environ, "JUPYTER_TOKEN": token}
     lab = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",

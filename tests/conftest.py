@@ -47,9 +47,9 @@ SHARED_ENGINE: dict[str, Any] = {
 _SESSION_T0 = time.time()
 
 
-def shared_config(spec: dict[str, Any] | None = None):  # -> tunebook.plan.EngineConfig
-    from tunebook import params as P
-    from tunebook.plan import make_plan
+def shared_config(spec: dict[str, Any] | None = None):  # -> tunebook.inputs.plan.EngineConfig
+    from tunebook.inputs import params as P
+    from tunebook.inputs.plan import make_plan
 
     return make_plan(P.parse({"experiment": "shared", **(spec or SHARED_ENGINE)})).engines[0]
 
@@ -64,7 +64,7 @@ class SharedEngine:
     """
 
     def __init__(self, root: Path, spec: dict[str, Any] | None = None):
-        from tunebook.sweep import EngineKeeper
+        from tunebook.measure.supply import EngineKeeper
 
         self.root = root
         self.session_root = root.parent  # pytest's base temp folder of this session
@@ -72,10 +72,11 @@ class SharedEngine:
         self.cfg = shared_config(spec)
         self.keeper = EngineKeeper()
 
-    def up(self):  # -> tunebook.engine.Engine
+    def up(self):  # -> tunebook.servers.vllm.Engine
         """The kept engine; started (again, if a test stopped or killed it) when needed."""
-        from tunebook.engine import Engine, ServerOptions
-        from tunebook.models import resolve_model
+        from tunebook.models.presets import resolve_model
+        from tunebook.servers.base import ServerOptions
+        from tunebook.servers.vllm import Engine
 
         # every option a sweep of this config may need (a prefix-cache reset, the block-reuse
         # probe's cached-token counts): a kept engine serves only sweeps it covers
@@ -102,11 +103,11 @@ class SharedEngine:
         e = self.keeper.engine
         return {e.proc.pid} if e is not None and e.alive() else set()
 
-    def sweep(self, params: Any, outputs: Path, **kw: Any):  # -> tunebook.sweep.Sweep
-        from tunebook.sweep import Sweep
+    def sweep(self, params: Any, outputs: Path, **kw: Any):  # -> tunebook.measure.sweep.Sweep
+        from tunebook.measure.sweep import Sweep, SweepOptions
 
         self.up()
-        return Sweep(params, outputs, progress=False, keeper=self.keeper, **kw)
+        return Sweep(params, outputs, SweepOptions(progress=False, keeper=self.keeper, **kw))
 
 
 # name -> (params file, committed experiment under outputs/)

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tunebook import engine, report, sweep
-from tunebook import params as P
 from tunebook.cli import EXIT_BAD_PARAMS, main
+from tunebook.inputs import params as P
+from tunebook.measure import sweep
+from tunebook.present import report
+from tunebook.servers import vllm as engine
 
 CORPUS = Path(__file__).resolve().parent / "bad_params"
 FILES = sorted(p for p in CORPUS.iterdir() if p.is_file())

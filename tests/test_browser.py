@@ -11,7 +11,7 @@ import altair as alt
 import pandas as pd
 import pytest
 
-from tunebook import browser, compare, index, report
+from tunebook.present import browser, compare, index, report
 
 REPO = Path(__file__).resolve().parents[1]
 

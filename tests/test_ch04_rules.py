@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from tunebook import figures
-from tunebook.evidence import DIFFERS, HOLDS, NOT_MEASURED, Evidence
 from tunebook.figures import ch04_speculation as ch04
+from tunebook.results.evidence import DIFFERS, HOLDS, NOT_MEASURED, Evidence
 
 
 def _ev(rows: list[dict]) -> Evidence:
@@ -28,7 +28,7 @@ def _draft(depth: int) -> str:
 
 
 def _spec_counters(depth: int, p: list[float], drafts: int = 100) -> dict:
-    """Counter columns as tunebook.metrics derives them: acceptance by position p (prefix
+    """Counter columns as tunebook.servers.metrics derives them: acceptance by position p (prefix
     shares), tokens per pass 1 + sum(p)."""
     accepted = round(sum(p) * drafts)
     return {"spec_drafts": drafts, "spec_draft_tokens": drafts * depth,

@@ -19,13 +19,15 @@ import pandas as pd
 import pytest
 
 from conftest import Replot
-from tunebook import claims, diagnose, figures, report
-from tunebook import params as P
-from tunebook.evidence import DIFFERS, HOLDS, load_evidence
+from tunebook import figures
 from tunebook.figures import ch07_troubleshooting as ch07
-from tunebook.plan import make_plan
-from tunebook.startup import get_rule as startup_rule
-from tunebook.store import Store
+from tunebook.inputs import params as P
+from tunebook.inputs.plan import make_plan
+from tunebook.present import claims, report
+from tunebook.results import diagnose
+from tunebook.results.evidence import DIFFERS, HOLDS, load_evidence
+from tunebook.results.store import Store
+from tunebook.servers.startup import get_rule as startup_rule
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUTS = REPO / "outputs"

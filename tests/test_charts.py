@@ -10,7 +10,9 @@ import altair as alt
 import pandas as pd
 import pytest
 
-from tunebook import charts, figures, schema
+from tunebook import figures
+from tunebook.charts import plots as charts
+from tunebook.core import schema
 from tunebook.figures.ch01_engine import startup_table
 
 USERS = (1, 2, 4, 8)
@@ -291,7 +293,7 @@ def test_saturation_options(results):
 def test_where_the_search_went_has_a_panel_per_third_knob_value() -> None:
     """A 3-knob space (the H200's 20 configs): the first two knobs on the axes, one panel per
     value of the third, so no two configs share a cell; `null` reads 'default'."""
-    from tunebook import charts
+    from tunebook.charts import plots as charts
 
     space = {"quantization": [None, "fp8"], "max_num_seqs": [64, 1024],
              "max_num_batched_tokens": [2048, 8192]}

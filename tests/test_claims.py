@@ -7,9 +7,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tunebook import claims, figures
-from tunebook.claims import Evidence
+from tunebook import figures
 from tunebook.figures.ch01_engine import process_tree, process_tree_chart
+from tunebook.present import claims
+from tunebook.present.claims import Evidence
 
 H200 = Path(__file__).resolve().parents[1] / "outputs" / "h200"
 
@@ -35,7 +36,8 @@ def test_h200_quickstart_claims() -> None:
     # the ratio is computed from the stored rows, not typed in
     df = ev.ok[ev.ok.engine_label == "default"].groupby("max_concurrency")["output_tok_s"].mean()
     assert c13.measured_value == pytest.approx(df[64] / df[1])
-    assert c13.verdict in (claims.HOLDS, claims.DIFFERS) and c13.manual_value == 8.0
+    # 25.17× output (190 → 4,780 tok/s) but median TPOT only 1.73×: not saturated at 64 users
+    assert c13.verdict == claims.DIFFERS and c13.manual_value == 8.0
 
 
 def test_ratio_rule() -> None:
@@ -136,4 +138,5 @@ def test_h200_chapter_claims() -> None:
         assert v[("ch02", fig)] == claims.HOLDS, verdicts.loc[("ch02", fig), "why"]
     c26 = verdicts.loc[("ch02", "2.6")]
     assert "KV pool 145,632 tokens" in c26.measured  # like for like: the pinned pools
-    assert c26.verdict in (claims.HOLDS, claims.DIFFERS) and c26.measured_value > 1.0
+    # FP8 4,307.4 vs BF16 3,448.7 tok/s = 1.25× vs the manual's 1.36×: within 1.25×
+    assert c26.verdict == claims.HOLDS and c26.measured_value > 1.0

@@ -97,7 +97,7 @@ def test_lock_refuses_an_overlapping_run_of_the_same_experiment(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """A second scheduled run while the first still holds the experiment: exit 3 at once,
     naming the holder; nothing is started or written."""
-    from tunebook.sweep import experiment_lock
+    from tunebook.measure.locks import experiment_lock
 
     params = REPO / "params" / "quickstart.yaml"
     with experiment_lock(tmp_path / "quickstart"):
@@ -115,7 +115,7 @@ def test_machine_lock_refuses_or_waits(capsys: pytest.CaptureFixture[str],
     --wait seconds."""
     import time
 
-    from tunebook.sweep import machine_lock
+    from tunebook.measure.locks import machine_lock
 
     params = REPO / "params" / "quickstart.yaml"
     with machine_lock():
@@ -162,7 +162,7 @@ def test_replot_redraws_stored_results_without_an_engine(replots: dict[str, Repl
                                                          tmp_path: Path) -> None:
     """Results brought back from the H200: the notebook runs again on them alone (the replot
     of a copy of outputs/h200/ch01 ran in the background: see conftest)."""
-    from tunebook import report
+    from tunebook.present import report
 
     r = replots["h200-ch01"]
     rc, out = r.wait()
@@ -246,7 +246,7 @@ def test_a_restarted_config_is_charged_its_first_start(capsys: pytest.CaptureFix
                                                        tmp_path: Path) -> None:
     """A search resumed in a second call started a config again (warm, shorter): the stored
     progress charges the start an uninterrupted search would have paid, the first."""
-    from tunebook.store import Store
+    from tunebook.results.store import Store
 
     store = Store(tmp_path / "slo")
     for run, users, t0, start_s in (("a", 4, "2026-01-01T00:00:00Z", 100.0),

@@ -1,5 +1,5 @@
-"""What a sweep keeps between runs of vLLM's client (tunebook.load.ClientCache) and the time
-each step takes (timings, StepTimes), on a stand-in for `vllm.benchmarks.serve`: no engine."""
+"""What a sweep keeps between runs of vLLM's client (tunebook.measure.client.ClientCache) and the
+time each step takes (timings, StepTimes), on a stand-in for `vllm.benchmarks.serve`: no engine."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tunebook import load as L
-from tunebook.sweep import StepTimes
+from tunebook.measure import client as L
+from tunebook.measure.progress import StepTimes
 
 # The parts of vllm.benchmarks.serve that run_bench touches; main() looks its helpers up in the
 # module's namespace at each call, as vLLM's does (`get_tokenizer(...)`, `get_samples(...)`).

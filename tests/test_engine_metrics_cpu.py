@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from conftest import SharedEngine
-from tunebook import params as P
-from tunebook.plan import make_plan
-from tunebook.store import Store
+from tunebook.inputs import params as P
+from tunebook.inputs.plan import make_plan
+from tunebook.results.store import Store
 
 pytestmark = pytest.mark.engine
 

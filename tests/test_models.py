@@ -1,4 +1,4 @@
-"""Tests for tunebook.models: presets, the offline Qwen tokenizer, resolution, KV sizing."""
+"""Tests for tunebook.models.presets: presets, the offline Qwen tokenizer, resolution, KV sizing."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoConfig, AutoTokenizer
 
-from tunebook.models import (
+from tunebook.models.presets import (
     KV_LAYOUT_NOTE,
     PRESETS,
     ModelNotFoundError,

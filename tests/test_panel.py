@@ -11,11 +11,11 @@ import pytest
 
 from conftest import SharedEngine
 from tunebook import cli
-from tunebook import engine as eng
-from tunebook import panel as T
-from tunebook import params as P
-from tunebook.plan import make_plan
-from tunebook.sweep import machine_lock
+from tunebook.inputs import params as P
+from tunebook.inputs.plan import make_plan
+from tunebook.measure.locks import machine_lock
+from tunebook.present import panel as T
+from tunebook.servers import process
 
 REPO = Path(__file__).resolve().parents[1]
 TUNE = REPO / "params" / "tune.yaml"
@@ -83,7 +83,7 @@ def test_bad_widget_values_are_refused_before_anything_starts(tmp_path: Path) ->
         p.run()
     msg = str(ei.value)
     assert "tuning panel: load.users" in msg and "gpu_memory_utilization" in msg
-    assert not (tmp_path / "tune").exists() and not eng.list_engines()
+    assert not (tmp_path / "tune").exists() and not process.list_engines()
 
 
 def test_values_the_panel_does_not_list_are_kept(tmp_path: Path) -> None:
@@ -151,6 +151,6 @@ def test_engine_stays_up_while_only_load_changes(tmp_path: Path, monkeypatch: py
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
     finally:
         p.stop_engine()
-    assert p.keeper.engine is None and not eng.list_engines()
+    assert p.keeper.engine is None and not process.list_engines()
     with machine_lock(0):  # released with the engine
         pass

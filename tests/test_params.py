@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tunebook import params as P
+from tunebook.inputs import params as P
 
 PARAMS = Path(__file__).resolve().parents[1] / "params"
 
@@ -105,7 +105,7 @@ def test_parse_override_is_yaml() -> None:
 
 
 def test_figures_must_be_the_manuals(tmp_path: Path) -> None:
-    from tunebook.manual import FIGURES
+    from tunebook.core.manual import FIGURES
 
     e = _err(tmp_path, "experiment: x\nmodel: qwen3-tiny\nfigures: ['1.1', '9.9', 3.1]\n")
     assert [k for k, _ in e.problems] == ["figures[1]"]

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from tunebook import figures
-from tunebook import params as P
-from tunebook.evidence import Evidence
-from tunebook.plan import make_plan
+from tunebook.inputs import params as P
+from tunebook.inputs.plan import make_plan
+from tunebook.results.evidence import Evidence
 
 CHAPTER = {
     "experiment": "ch", "model": "qwen3-tiny", "engine": {"max_model_len": 1024},

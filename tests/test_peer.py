@@ -1,5 +1,5 @@
-"""The peer engine (tunebook.peer, issue 17) where no SGLang is needed: the knob mapping and
-its refusals, engine_kind validated like every knob before anything starts, the launcher
+"""The peer engine (tunebook.servers.sglang, issue 17) where no SGLang is needed: the knob
+mapping and its refusals, engine_kind validated like every knob before anything starts, the launcher
 shim that keeps the API key off the command line, and Figs 5.2/5.3's rules on SYNTHETIC rows
 (made-up numbers with known answers, not measurements). SGLang has no CPU build: on this
 machine a config of it is refused before any engine starts, and the peer figures say so."""
@@ -15,14 +15,15 @@ import pandas as pd
 import pytest
 
 from conftest import LIB
-from tunebook import figures, peer
-from tunebook import params as P
-from tunebook.engine import build_argv
-from tunebook.evidence import CANNOT, DIFFERS, HOLDS, NOT_MEASURED, Evidence
-from tunebook.models import ModelRef
-from tunebook.plan import make_plan
-from tunebook.start_phases import parse_phases, running_phase
-from tunebook.sweep import Sweep
+from tunebook import figures
+from tunebook.inputs import params as P
+from tunebook.inputs.plan import make_plan
+from tunebook.measure.sweep import Sweep, SweepOptions
+from tunebook.models.presets import ModelRef
+from tunebook.results.evidence import CANNOT, DIFFERS, HOLDS, NOT_MEASURED, Evidence
+from tunebook.servers import sglang as peer
+from tunebook.servers.sglang import SGLangServer
+from tunebook.servers.start_phases import parse_phases, running_phase
 
 BASE = {"experiment": "x", "model": "qwen3-tiny", "load": {"users": [1]}}
 
@@ -51,7 +52,7 @@ def test_knobs_map_onto_sglang_flags() -> None:
     assert peer.sglang_flags({"enable_chunked_prefill": False}) == ["--chunked-prefill-size",
                                                                    "-1"]
     # every knob of the table is mapped or refused with a reason, none silently dropped
-    from tunebook.knobs import KNOBS
+    from tunebook.core.knobs import KNOBS
     assert set(KNOBS) == set(peer.SGLANG_FLAGS) | set(peer.REFUSED) | {"engine_kind", "model"}
 
 
@@ -84,7 +85,7 @@ def test_engine_kind_in_the_base_and_the_grid() -> None:
 
 def test_the_server_command_line_holds_no_key(tmp_path: Path) -> None:
     model = ModelRef("m", str(tmp_path / "m"), str(tmp_path / "m"), "dummy")
-    argv = build_argv(model, {"engine_kind": "sglang", "max_num_seqs": 4}, 8123)
+    argv = SGLangServer(model, {"engine_kind": "sglang", "max_num_seqs": 4}).build_argv(8123)
     assert argv[1:3] == ["-m", peer.LAUNCHER]
     assert argv[argv.index("--host") + 1] == "127.0.0.1"  # loopback only
     assert "--api-key" not in argv and "--load-format" in argv and "--enable-metrics" in argv
@@ -109,11 +110,12 @@ def test_sglang_is_refused_here_before_any_engine_starts(tmp_path: Path) -> None
         pytest.skip("SGLang is installed here")
     p = P.parse({**BASE, "engine_grid": [{}, {"engine_kind": "sglang"}]})
     with pytest.raises(peer.EngineNotInstalledError, match="sglang: not installed"):
-        Sweep(p, tmp_path, progress=False).run()
+        Sweep(p, tmp_path, SweepOptions(progress=False)).run()
     assert not (tmp_path / "x" / "runs").exists()  # nothing ran, nothing was written
 
 
-# Lines built from SGLang 0.5.17's own format strings (see tunebook.peer) with made-up values:
+# Lines built from SGLang 0.5.17's own format strings (see tunebook.servers.sglang) with made-up
+# values:
 # the format is SGLang's, the numbers are not a measurement. Real H200 logs replace them when
 # the peer first runs there.
 SGLANG_START = """tunebook: sglang 0.5.17
@@ -180,7 +182,7 @@ def test_a_clean_sglang_stop_is_not_diagnosed_as_a_setting() -> None:
     """The real log ends in SGLang's own shutdown lines ('Subprocess scheduler_0 … crashed with
     exit code -15', 'SIGQUIT received … It usually means one child failed'): none of the
     SGLang failure rules may read them as a setting to change."""
-    from tunebook.startup import diagnose
+    from tunebook.servers.startup import diagnose
 
     d = diagnose(REAL_LOG.read_text(), {"engine_kind": "sglang"})
     assert d.setting is None and d.suggested is None
@@ -198,7 +200,7 @@ def test_a_clean_sglang_stop_is_not_diagnosed_as_a_setting() -> None:
     ("ModuleNotFoundError: No module named 'sgl_kernel'", None, None),
 ])
 def test_sglang_failed_starts_are_diagnosed(line: str, setting: str | None, value: object) -> None:
-    from tunebook.startup import diagnose
+    from tunebook.servers.startup import diagnose
 
     d = diagnose(f"[2026-12-05 10:00:12] Scheduler hit an exception: Traceback\n{line}\n",
                  {"engine_kind": "sglang", "gpu_memory_utilization": 0.85})
@@ -224,7 +226,7 @@ def test_real_failed_sglang_starts_are_diagnosed(log: str, knobs: dict, setting:
     """Two starts that failed on the lent H200 (params/ch05-peer-faults-h200.yaml, logs as the
     shim wrote them, key masked): the cause is the traceback's own last line, and the setting
     to change is computed from the numbers SGLang printed."""
-    from tunebook.startup import diagnose
+    from tunebook.servers.startup import diagnose
 
     text = (LOGS / log).read_text()
     assert "api_key='***'" in text or "api_key" not in text  # the shim masked the key
@@ -353,7 +355,7 @@ def test_the_shim_passes_a_stop_on_to_the_server(tmp_path: Path) -> None:
 def test_stored_sglang_starts_are_cut_at_sglang_lines(tmp_path: Path) -> None:
     """Rows stored before their phases were recorded are read from the engine log: an SGLang
     row's log with SGLang's events, not vLLM's."""
-    from tunebook.start_phases import phases_frame
+    from tunebook.servers.start_phases import phases_frame
 
     (tmp_path / "engines").mkdir()
     (tmp_path / "engines" / "s.log").write_text(REAL_LOG.read_text())

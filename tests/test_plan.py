@@ -1,7 +1,7 @@
 from pathlib import Path
 
-from tunebook import params as P
-from tunebook.plan import make_plan
+from tunebook.inputs import params as P
+from tunebook.inputs.plan import make_plan
 
 PARAMS = Path(__file__).resolve().parents[1] / "params" / "quickstart.yaml"
 
@@ -53,7 +53,7 @@ def test_configs_sharing_compiled_artifacts_run_back_to_back() -> None:
     """gpu_memory_utilization and prefix caching are not in vLLM's compile-cache key, so the
     configs differing only in them start one after another; the grid's order is kept
     otherwise, and eager configs (nothing compiled) group together."""
-    from tunebook.plan import compile_key
+    from tunebook.inputs.plan import compile_key
 
     grid = [{}, {"max_num_seqs": 16}, {"gpu_memory_utilization": 0.5}, {"enforce_eager": True},
             {"max_num_seqs": 16, "enable_prefix_caching": False},

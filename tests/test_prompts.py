@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 
-from tunebook import params as P
-from tunebook import prompts
-from tunebook.load import DATASETS, LoadPoint, bench_argv
-from tunebook.models import build_model_dir
+from tunebook.core import config
+from tunebook.inputs import params as P
+from tunebook.inputs.load import DATASETS, LoadPoint
+from tunebook.measure.client import bench_argv
+from tunebook.models import prompts
+from tunebook.models.presets import build_model_dir
 
 SMALL = {"max_prompt_tokens": 512, "min_answer_tokens": 64}  # a CPU-sized load point
 
@@ -64,7 +66,7 @@ def test_only_pinned_functions_are_offered() -> None:
     assert {(s.module, s.function, s.sha256) for s in offered} <= pinned
     every = prompts.stdlib_snippets(pinned=False)
     assert set(offered) <= set(every) and len(every) > len(offered)
-    data = json.loads((Path(prompts.__file__).parent / "data" / prompts.PINNED_FILE).read_text())
+    data = json.loads(config.package_data(prompts.PINNED_FILE).read_text())
     assert len(data["pythons"]) >= 2 and len(data["functions"]) == len(pinned)
 
 

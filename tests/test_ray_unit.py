@@ -1,5 +1,5 @@
-"""tunebook.ray_sweep's pieces that need no cluster: what a task asks Ray for, which cores a
-slot pins its engine to, the worker's environment, and `executor:` in params."""
+"""tunebook.measure.executors.ray_cluster's pieces that need no cluster: what a task asks Ray
+for, which cores a slot pins its engine to, the worker's environment, and `executor:` in params."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tunebook import params as P
-from tunebook import ray_sweep as R
+from tunebook.inputs import params as P
+from tunebook.measure.executors import ray_cluster as R
 
 BASE = {"experiment": "x", "model": "qwen3-tiny", "load": {"users": [1]}}
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tunebook import config, report
 from tunebook.cli import EXIT_OK, main
-from tunebook.store import replace_atomic, shared_mode, write_new
+from tunebook.core import config
+from tunebook.present import report
+from tunebook.results.store import replace_atomic, shared_mode, write_new
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tunebook import hardware, schema, sweep
-from tunebook import params as P
 from tunebook.cli import EXIT_BAD_PARAMS, EXIT_OK, main
-from tunebook.plan import Resume, make_plan
-from tunebook.store import Store
+from tunebook.core import hardware, schema
+from tunebook.inputs import params as P
+from tunebook.inputs.plan import Resume, make_plan
+from tunebook.measure import sweep
+from tunebook.results.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = REPO / "params" / "quickstart.yaml"
@@ -79,7 +80,7 @@ def test_the_plan_says_what_it_reuses_and_what_it_reruns() -> None:
 def test_sweep_reruns_runs_done_with_another_vllm(tmp_path: Path, installed: None,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     params = P.load(QUICK, {"load.users": [1, 2]})
-    s = sweep.Sweep(params, tmp_path, progress=False)
+    s = sweep.Sweep(params, tmp_path, sweep.SweepOptions(progress=False))
     first, second, third, _ = (r.run_id for r in s.plan.runs)
     _save(s.store, first)
     _save(s.store, second, package="vllm 0.26.0")
@@ -88,14 +89,14 @@ def test_sweep_reruns_runs_done_with_another_vllm(tmp_path: Path, installed: Non
     text = s.describe()
     assert "1 already done, 3 to run; 1 of them rerun: done with vLLM 0.26.0" in text
     # After an "upgrade" to 0.33 nothing is done any more, and the plan says why.
-    assert sweep.Sweep(params, tmp_path, progress=False).done() == {first}
+    assert sweep.Sweep(params, tmp_path, sweep.SweepOptions(progress=False)).done() == {first}
     monkeypatch.setattr(hardware, "vllm_version", lambda: "0.33.0")
-    assert sweep.Sweep(params, tmp_path, progress=False).done() == set()
+    assert sweep.Sweep(params, tmp_path, sweep.SweepOptions(progress=False)).done() == set()
 
 
 def test_plan_command_names_the_versions(tmp_path: Path, installed: None,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    s = sweep.Sweep(P.load(QUICK), tmp_path, progress=False)
+    s = sweep.Sweep(P.load(QUICK), tmp_path, sweep.SweepOptions(progress=False))
     for r in s.plan.runs:
         _save(s.store, r.run_id, package="vllm 0.26.0")
     assert main(["plan", str(QUICK), "--outputs", str(tmp_path)]) == EXIT_OK
@@ -106,7 +107,7 @@ def test_plan_command_names_the_versions(tmp_path: Path, installed: None,
 
 
 def test_the_installed_version_is_read_without_importing_vllm() -> None:
-    code = ("import sys; from tunebook import hardware; v = hardware.vllm_version(); "
+    code = ("import sys; from tunebook.core import hardware; v = hardware.vllm_version(); "
             "assert 'vllm' not in sys.modules, 'vllm was imported'; print(v)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout.strip()
@@ -150,7 +151,7 @@ def test_the_cli_reports_a_newer_schema_and_starts_nothing(
 
 
 def test_the_index_lists_an_experiment_it_cannot_read(tmp_path: Path) -> None:
-    from tunebook import index
+    from tunebook.present import index
 
     _save(Store(tmp_path / "new"), "r1", schema_version=schema.SCHEMA_VERSION + 1)
     _save(Store(tmp_path / "old"), "r1", output_tok_s=5.0, max_concurrency=1,
@@ -186,13 +187,13 @@ def test_a_fully_resumed_sweep_starts_nothing_and_calls_on_finish(
         tmp_path: Path, installed: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """The on-finish hook (how cli/workbook/panel get index.html rebuilt: sweep itself no
     longer knows the index) runs once the sweep ends, with its store."""
-    from tunebook import engine
+    from tunebook.servers import vllm as engine
 
     monkeypatch.setenv("TUNEBOOK_STATE_DIR", str(tmp_path / "state"))  # a lock of our own
     monkeypatch.setattr(engine.Engine, "start", lambda *a, **k: pytest.fail("engine started"))
     params = P.load(QUICK, {"load.users": [1]})
     finished: list[Store] = []
-    s = sweep.Sweep(params, tmp_path, progress=False, on_finish=finished.append)
+    s = sweep.Sweep(params, tmp_path, sweep.SweepOptions(progress=False, on_finish=finished.append))
     for r in s.plan.runs:
         _save(s.store, r.run_id)
     result = s.run()

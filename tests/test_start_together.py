@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunebook import params as P
-from tunebook.sweep import Sweep
+from tunebook.inputs import params as P
+from tunebook.measure.sweep import Sweep, SweepOptions
 
 TEXT = """\
 experiment: together
@@ -29,7 +29,7 @@ def test_round_trip_and_dry_run(tmp_path: Path) -> None:
     p = P.load(f)
     assert p.start_together == 2
     assert P.parse(p.to_dict()).start_together == 2
-    text = Sweep(p, tmp_path / "out", progress=False).describe()
+    text = Sweep(p, tmp_path / "out", SweepOptions(progress=False)).describe()
     assert "start_together: 2 engine configs start at once" in text
     # one engine at a time: the key is left out, so older params files read the same
     alone = {**p.to_dict(), "start_together": 1, "engine": {"kv_cache_memory_bytes": 2**30}}
@@ -49,8 +49,8 @@ def test_pinned_pool_and_memory_fraction_may_be_set_together_only_when_starting_
 
 
 def test_batches_group_configs_of_one_model_in_plan_order(tmp_path: Path) -> None:
-    from tunebook.plan import make_plan
-    from tunebook.sweep import batches
+    from tunebook.inputs.plan import make_plan
+    from tunebook.measure.supply import batches
 
     f = tmp_path / "p.yaml"
     f.write_text(TEXT.replace("  - {max_num_seqs: 4}\n", "  - {model: qwen3-8b}\n"

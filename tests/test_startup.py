@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tunebook.startup import (
+from tunebook.servers.startup import (
     RULES,
     Diagnosis,
     FailedStart,

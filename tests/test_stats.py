@@ -1,6 +1,6 @@
 """Statistics on SYNTHETIC data with answers known by construction or by hand (no engine):
 Student-t intervals, within noise, ratio intervals, the peak and the knee of a load sweep,
-and the noise-aware verdicts of tunebook.evidence."""
+and the noise-aware verdicts of tunebook.results.evidence."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tunebook import claims, evidence, stats
-from tunebook.evidence import DIFFERS, HOLDS, NOISE, NOT_MEASURED, VERDICTS
-from tunebook.stats import Interval
+from tunebook.present import claims
+from tunebook.results import evidence, stats
+from tunebook.results.evidence import DIFFERS, HOLDS, NOISE, NOT_MEASURED, VERDICTS
+from tunebook.results.stats import Interval
 
 USERS = (1, 2, 4, 8, 16, 32, 64)
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tunebook import schema
-from tunebook.store import Store, write_new
+from tunebook.core import schema
+from tunebook.results.store import Store, write_new
 
 
 def _row(run_id: str, status: str = "ok", **kw) -> dict:

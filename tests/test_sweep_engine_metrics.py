@@ -9,14 +9,16 @@ from typing import Any
 
 import pytest
 
-from tunebook import metrics as M
-from tunebook import params as P
-from tunebook import schema
-from tunebook import sweep as S
-from tunebook.engine import ResetResult, ServerOptions
-from tunebook.load import ClientCache
-from tunebook.models import resolve_model
-from tunebook.store import Store
+from tunebook.core import schema
+from tunebook.inputs import params as P
+from tunebook.measure import point as point_mod
+from tunebook.measure import sweep as S
+from tunebook.measure.client import ClientCache
+from tunebook.measure.point import PointContext, measure
+from tunebook.models.presets import resolve_model
+from tunebook.results.store import Store
+from tunebook.servers import metrics as M
+from tunebook.servers.base import NoWatch, ResetResult, ServerOptions
 
 DATA = Path(__file__).resolve().parent / "data"
 IDLE = (DATA / "vllm-0.32-cpu-metrics-idle.txt").read_text()
@@ -43,6 +45,20 @@ class FakeEngine:
 
     def alive(self) -> bool:
         return True
+
+    def exit_code(self) -> int | None:
+        return None
+
+    def watch_point(self) -> NoWatch:
+        return NoWatch()
+
+    def row(self) -> dict[str, Any]:
+        return {"startup_s": self.startup_s, "engines_started_together": self.started_together,
+                "disaggregated": False}
+
+    def record(self, root: Path) -> dict[str, Any]:
+        return {"argv": self.argv[1:], "env": {}, "log": self.log_path.name,
+                "process_tree": self.process_tree}
 
     def log_tail(self) -> str:
         return ""
@@ -75,12 +91,15 @@ class FakeEngine:
 def _sweep(tmp: Path, **load: Any) -> S.Sweep:
     p = P.parse({"experiment": "m", "model": "qwen3-tiny", "engine": {"max_model_len": 1024},
                  "load": {"users": [1], **load}})
-    return S.Sweep(p, tmp / "out", progress=False)
+    return S.Sweep(p, tmp / "out", S.SweepOptions(progress=False))
 
 
 def _one(sw: S.Sweep, eng: FakeEngine) -> tuple[dict, dict]:
-    result = S.SweepResult(sw.store, sw.plan)
-    sw._one(sw.plan.runs[0], resolve_model("qwen3-tiny"), eng, result)  # type: ignore[arg-type]
+    """One run measured on `eng` and stored, as the sweep's local executor does it."""
+    result = S.SweepResult(sw.store, sw.plan, steps=sw.steps)
+    ctx = PointContext(sw.params, sw.store.root, resolve_model("qwen3-tiny"), steps=sw.steps)
+    measured = measure(eng, sw.plan.runs[0], ctx)  # type: ignore[arg-type]
+    S.StoreSink(sw.store, result, None, sw.starts).save(measured)
     (record,) = Store(sw.store.root).records()
     return result.rows[0], record
 
@@ -128,7 +147,7 @@ def test_bench_point_without_reset(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         return {"completed": 4, "failed": 0, "duration": 1.5, "output_throughput": 10.0,
                 "ttfts": [0.1] * 4}, "printed"
 
-    monkeypatch.setattr(S, "run_bench", fake_bench)
+    monkeypatch.setattr(point_mod, "run_bench", fake_bench)
     sw = _sweep(tmp_path, reset_prefix_cache=False, seed=11, num_warmups=0)
     row, record = _one(sw, eng)
     assert row["status"] == schema.STATUS_OK and row["prefix_cache_reset"] is False

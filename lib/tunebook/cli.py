@@ -11,10 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tunebook import config, peer
-from tunebook import params as P
-from tunebook.models import PRESETS, ModelNotFoundError, resolve_model
-from tunebook.schema import SchemaVersionError
+from tunebook.core import config
+from tunebook.core.schema import SchemaVersionError
+from tunebook.inputs import params as P
+from tunebook.models.presets import PRESETS, ModelNotFoundError, resolve_model
+from tunebook.servers import sglang as peer
 
 # Subcommands import the heavy modules they need (sweep, report, claims: pandas, altair,
 # papermill) themselves, so `tunebook --help` and a bad-params error answer at once.
@@ -76,12 +77,12 @@ def _describe(params: P.SweepParams, outputs: Path) -> str:
     search) the search's space, budget and stored points; the base config's plan is not what
     runs there."""
     if params.slo and params.search:
-        from tunebook import slo_search
+        from tunebook.search import tune as slo_search
 
         return slo_search.describe(params, outputs)
-    from tunebook.sweep import Sweep
+    from tunebook.measure.sweep import Sweep, SweepOptions
 
-    return Sweep(params, outputs, progress=False).describe()
+    return Sweep(params, outputs, SweepOptions(progress=False)).describe()
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -91,9 +92,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Validate, then execute the params' notebook with papermill and render its HTML."""
-    from tunebook import report
-    from tunebook.store import not_ok_rows
-    from tunebook.sweep import Sweep
+    from tunebook.measure.sweep import Sweep, SweepOptions
+    from tunebook.present import report
+    from tunebook.results.store import not_ok_rows
 
     _ray(args)  # in the environment: the papermill kernel's sweep reads it
     params = _load(args)
@@ -101,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(_describe(params, outputs))
         return EXIT_OK
-    sweep = Sweep(params, outputs, progress=False)
+    sweep = Sweep(params, outputs, SweepOptions(progress=False))
     if args.replot and sweep.plan.runs and not sweep.store.rows():
         print(f"tunebook: --replot needs stored runs; {sweep.store.root} has none",
               file=sys.stderr)
@@ -151,7 +152,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     """(Re)render the HTML report of an experiment's latest executed notebook."""
-    from tunebook import report
+    from tunebook.present import report
 
     html = report.to_html(report.latest_notebook(args.experiment_dir), no_input=args.no_input)
     print(f"HTML report: {html}")
@@ -160,8 +161,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def _ray(args: argparse.Namespace) -> None:
     """`--ray [ADDRESS]`, `--ray-slots N`: through the environment, so a papermill kernel's
-    sweep sees them too (tunebook.sweep.RAY_ENV)."""
-    from tunebook.sweep import RAY_ENV, RAY_SLOTS_ENV
+    sweep sees them too (tunebook.measure.executors.RAY_ENV)."""
+    from tunebook.measure.executors import RAY_ENV, RAY_SLOTS_ENV
 
     if getattr(args, "ray", None):
         os.environ[RAY_ENV] = args.ray
@@ -196,13 +197,13 @@ def _add_ray(sp: argparse.ArgumentParser) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """The sweep alone, no notebook (what the notebook calls)."""
-    from tunebook import index
-    from tunebook.sweep import Sweep
+    from tunebook.measure.sweep import Sweep, SweepOptions
+    from tunebook.present import index
 
     _wait(args)  # before the Sweep reads it
     _ray(args)
-    sweep = Sweep(_load(args), args.outputs or config.outputs_dir(), progress=not args.quiet,
-                  on_finish=index.rebuild)
+    sweep = Sweep(_load(args), args.outputs or config.outputs_dir(),
+                  SweepOptions(progress=not args.quiet, on_finish=index.rebuild))
     if args.dry_run:
         print(sweep.describe())
         return EXIT_OK
@@ -214,7 +215,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """The SLO search: exit 0 a config meets the SLO, 1 none does, 2 bad params."""
-    from tunebook import slo_search
+    from tunebook.search import tune as slo_search
 
     params = _load(args)
     if not params.slo or not params.search:
@@ -232,8 +233,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_claims(args: argparse.Namespace) -> int:
-    from tunebook import claims
-    from tunebook.store import find_experiments
+    from tunebook.present import claims
+    from tunebook.results.store import find_experiments
 
     roots = find_experiments(args.root, max_depth=1) if args.root.is_dir() else []
     if not roots:
@@ -247,7 +248,7 @@ def cmd_claims(args: argparse.Namespace) -> int:
 
 
 def _index(outputs: Path) -> Path | None:
-    from tunebook import index
+    from tunebook.present import index
 
     path = index.rebuild(outputs)
     if path:
@@ -261,7 +262,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from tunebook import compare
+    from tunebook.present import compare
 
     if len(args.experiments) < 2:
         print("tunebook: compare needs two or more experiment folders", file=sys.stderr)
@@ -277,7 +278,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Every chart of an experiment's latest notebook as PNG and SVG (for slides)."""
-    from tunebook import report
+    from tunebook.present import report
 
     paths = report.export_charts(report.latest_notebook(args.experiment_dir),
                                  args.out or args.experiment_dir / "charts", args.format)
@@ -287,11 +288,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_engines(args: argparse.Namespace) -> int:
-    from tunebook import engine
+    from tunebook.servers import process
 
     if args.phases:
-        from tunebook import start_phases
-        from tunebook.store import Store, find_experiments
+        from tunebook.results.store import Store, find_experiments
+        from tunebook.servers import start_phases
 
         missing = [str(r) for r in args.phases if not Path(r).is_dir()]
         if missing:
@@ -304,8 +305,8 @@ def cmd_engines(args: argparse.Namespace) -> int:
                 print(start_phases.table_text(frame))
         return EXIT_OK
     if args.reap:
-        print(f"reaped process groups: {engine.reap_orphans() or 'none'}")
-    live = engine.list_engines()
+        print(f"reaped process groups: {process.reap_orphans() or 'none'}")
+    live = process.list_engines()
     for info in live:
         print(f"pgid {info['pgid']}  port {info['port']}  owner pid {info['owner_pid']}  "
               f"log {info['log']}")
@@ -387,7 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tunebook.sweep import DeadlineNear, SweepLockedError, Terminated
+    from tunebook.measure.locks import SweepLockedError, Terminated
+    from tunebook.measure.supply import DeadlineNear
 
     args = build_parser().parse_args(argv)
     try:

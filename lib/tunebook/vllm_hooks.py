@@ -8,7 +8,7 @@ cross-check of vLLM's iteration log). Start an engine with
     engine: {scheduler_cls: tunebook.vllm_hooks.BlockTableScheduler}
 
 (`AsyncBlockTableScheduler` when async scheduling is on). The engine log's folder gets
-`<log>.blocks.jsonl` (tunebook.engine sets BLOCK_TABLE_ENV to that path).
+`<log>.blocks.jsonl` (tunebook.servers.vllm sets BLOCK_TABLE_ENV to that path).
 
 Interface read: `SchedulerOutput` (vllm.v1.core.sched.output) — `num_scheduled_tokens`,
 `scheduled_new_reqs[*].block_ids/num_computed_tokens/prompt_token_ids`,

@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from tunebook.engine import Engine
-from tunebook.models import resolve_model
+from tunebook.models.presets import resolve_model
+from tunebook.servers.vllm import Engine
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
         "prompt_lookup_min": 2}

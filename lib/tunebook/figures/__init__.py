@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import altair as alt
 
-from tunebook.evidence import CANNOT, Claim, Evidence
-
 # Registration happens on import: each chapter module's @figure units land in REGISTRY.
 from tunebook.figures import (  # noqa: F401
     ch01_engine,
@@ -35,6 +33,7 @@ from tunebook.figures.registry import (
     reference_frame,
     units,
 )
+from tunebook.results.evidence import CANNOT, Claim, Evidence
 
 
 def verdict(ev: Evidence, fig: str) -> Claim:

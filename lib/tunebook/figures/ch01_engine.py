@@ -8,8 +8,10 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from tunebook import charts
-from tunebook.evidence import (
+from tunebook.charts import plots as charts
+from tunebook.core.manual import result, setting
+from tunebook.figures.registry import FigureUnit, chapter, figure
+from tunebook.results.evidence import (
     DIFFERS,
     HOLDS,
     NOT_MEASURED,
@@ -20,9 +22,7 @@ from tunebook.evidence import (
     times,
     within,
 )
-from tunebook.figures.registry import FigureUnit, chapter, figure
-from tunebook.manual import result, setting
-from tunebook.store import ok_rows
+from tunebook.results.store import ok_rows
 
 CHAPTER = chapter(
     1, "The engine: start-up, processes, and what more users cost", "01_engine",

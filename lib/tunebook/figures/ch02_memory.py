@@ -5,8 +5,11 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from tunebook import charts
-from tunebook.evidence import (
+from tunebook.charts import plots as charts
+from tunebook.core.manual import SOURCE, result, setting
+from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
+from tunebook.models.presets import PRESETS, kv_bytes_per_token
+from tunebook.results.evidence import (
     CANNOT,
     DIFFERS,
     HOLDS,
@@ -18,9 +21,6 @@ from tunebook.evidence import (
     times,
     within,
 )
-from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
-from tunebook.manual import SOURCE, result, setting
-from tunebook.models import PRESETS, kv_bytes_per_token
 
 CHAPTER = chapter(
     2, "Memory and the KV cache", "02_memory_kv",

@@ -6,8 +6,11 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from tunebook import charts, stats
-from tunebook.evidence import (
+from tunebook.charts import plots as charts
+from tunebook.core.manual import result, setting
+from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
+from tunebook.results import stats
+from tunebook.results.evidence import (
     DIFFERS,
     HOLDS,
     NOISE,
@@ -20,8 +23,6 @@ from tunebook.evidence import (
     times,
     within,
 )
-from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
-from tunebook.manual import result, setting
 
 CHAPTER = chapter(
     3, "The scheduler's knobs", "03_scheduler",

@@ -12,8 +12,10 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from tunebook import charts
-from tunebook.evidence import (
+from tunebook.charts import plots as charts
+from tunebook.core.manual import result, setting
+from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
+from tunebook.results.evidence import (
     DIFFERS,
     HOLDS,
     NOT_MEASURED,
@@ -24,8 +26,6 @@ from tunebook.evidence import (
     times,
     within,
 )
-from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
-from tunebook.manual import result, setting
 
 CHAPTER = chapter(
     4, "Speculative decoding and CUDA graphs", "04_speculation",
@@ -60,7 +60,7 @@ EAGER_SLOWDOWN_FACTOR = 2.0
 # What a trained draft model typically costs per token, as a share of a target pass: the
 # depth it would pick with the measured acceptance is reported beside the stand-in's.
 CHEAP_DRAFT = 0.1
-COPY_DATASET = "code_edit"  # the answer repeats the prompt (tunebook.prompts)
+COPY_DATASET = "code_edit"  # the answer repeats the prompt (tunebook.models.prompts)
 FRESH_DATASET = "fresh_text"  # the answer does not
 
 

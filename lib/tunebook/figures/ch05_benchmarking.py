@@ -6,10 +6,12 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from tunebook import charts, peer, stats
-from tunebook.evidence import CANNOT, DIFFERS, HOLDS, NOT_MEASURED, Claim, Evidence
+from tunebook.charts import plots as charts
+from tunebook.core.manual import result, setting
 from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
-from tunebook.manual import result, setting
+from tunebook.results import stats
+from tunebook.results.evidence import CANNOT, DIFFERS, HOLDS, NOT_MEASURED, Claim, Evidence
+from tunebook.servers import sglang as peer
 
 CHAPTER = chapter(
     5, "Benchmarking honestly", "05_benchmarking",
@@ -17,7 +19,7 @@ CHAPTER = chapter(
 concurrency sweep past saturation and marks, on each curve, the throughput peak and the latency
 knee: they are different points, and which one a report quotes changes what a reader concludes.
 Figs 5.2 and 5.3 put SGLang beside vLLM on the same client (`engine_kind: sglang`,
-tunebook.peer); SGLang has no CPU build, so on a CPU they say so.
+tunebook.servers.sglang); SGLang has no CPU build, so on a CPU they say so.
 
 `tunebook run params/ch05.yaml` runs it on the embedded CPU default; `params/ch05-h200.yaml` on a
 GPU, `params/ch05-peer-h200.yaml` vLLM and SGLang there.""")
@@ -35,7 +37,7 @@ class PeakIsNotKnee(FigureUnit):
     narrative = ("A concurrency sweep run past saturation. The workbook finds, on each curve, "
                  "the throughput peak (the most output tok/s) and the latency knee (the last "
                  "load point where an added user still buys throughput at a bounded latency "
-                 "cost; the rule is in `tunebook.stats.saturation`) and marks both. The "
+                 "cost; the rule is in `tunebook.results.stats.saturation`) and marks both. The "
                  "claim: the peak is not the knee — past the knee, users pay in latency for "
                  "little more throughput.")
     plot = charts.Curves(y=("output_tok_s", "median_tpot_ms"), saturation=True)

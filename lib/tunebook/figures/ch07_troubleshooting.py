@@ -1,6 +1,6 @@
 """Chapter 7 — troubleshooting: from a symptom to the page that fixes it (Fig 7.1).
 
-Fig 7.1's table is generated: one row per diagnosis rule of ``tunebook.diagnose`` (symptom →
+Fig 7.1's table is generated: one row per diagnosis rule of ``tunebook.results.diagnose`` (symptom →
 the one number or log line to check → the setting and the manual's page), each citing a run of
 this machine's outputs root (outputs/<machine>/, every experiment stored there) where the
 symptom occurred. What no stored run showed, chapter 7's params induce (parts named by each
@@ -15,15 +15,16 @@ from pathlib import Path
 import altair as alt
 import pandas as pd
 
-from tunebook import charts, diagnose
-from tunebook.evidence import DIFFERS, HOLDS, NOT_MEASURED, Claim, Evidence, load_evidence
+from tunebook.charts import plots as charts
 from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
-from tunebook.store import find_experiments
+from tunebook.results import diagnose
+from tunebook.results.evidence import DIFFERS, HOLDS, NOT_MEASURED, Claim, Evidence, load_evidence
+from tunebook.results.store import find_experiments
 
 CHAPTER = chapter(
     7, "Troubleshooting", "07_troubleshooting",
     """Start from the symptom, check one number or one log line, then go to the page that fixes it.
-The table below is not typed by hand: each row is a diagnosis rule (`tunebook.diagnose`, one
+The table below is not typed by hand: each row is a diagnosis rule (`tunebook.results.diagnose`, one
 decorated function per symptom, its threshold in its docstring) run over **every experiment stored
 for this machine** (the folder this experiment sits in, `outputs/<machine>/`): the rows of each run,
 the engine's own `/metrics` counters the rows keep, and the engine logs. Each row cites the run
@@ -87,7 +88,8 @@ class SymptomToFix(FigureUnit):
     title = "From the symptom to the fix"
     narrative = ("Each symptom with the one number or log line to check and the setting that "
                  "fixes it, generated from what this machine's experiments stored: a row is a "
-                 "rule of `tunebook.diagnose`, and it cites the run where the symptom occurred. "
+                 "rule of `tunebook.results.diagnose`, and it cites the run "
+                 "where the symptom occurred. "
                  "The grid shows, per symptom, how many runs of each experiment showed it "
                  "(induced ones outlined); the bars put the number each rule checks beside its "
                  "threshold.")
@@ -111,7 +113,7 @@ class SymptomToFix(FigureUnit):
         t = self.table(ev)
         if t.empty:
             return self.verdict(ev, "no diagnosis rule is registered", NOT_MEASURED,
-                                "tunebook.diagnose has no rules")
+                                "tunebook.results.diagnose has no rules")
         stored, _ = machine_findings(ev)
         if not stored.experiments:
             return self.verdict(ev, "no experiment stored here", NOT_MEASURED,

@@ -14,8 +14,8 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from tunebook import charts
-from tunebook.evidence import DIFFERS, HOLDS, NOT_MEASURED, RATIO_TOLERANCE, Claim, Evidence, within
+from tunebook.charts import plots as charts
+from tunebook.core.manual import result, setting
 from tunebook.figures.ch04_speculation import (
     COPY_DATASET,
     DUMMY_NOTE,
@@ -23,7 +23,15 @@ from tunebook.figures.ch04_speculation import (
     frame,
 )
 from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
-from tunebook.manual import result, setting
+from tunebook.results.evidence import (
+    DIFFERS,
+    HOLDS,
+    NOT_MEASURED,
+    RATIO_TOLERANCE,
+    Claim,
+    Evidence,
+    within,
+)
 
 CHAPTER = chapter(
     8, "Inside the engine", "08_internals",

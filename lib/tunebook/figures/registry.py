@@ -5,7 +5,7 @@ one figure in one place: the manual's reference numbers (``refs``: the only plac
 number is written), its title and narrative, what it needs to be measured (``needs``), the
 table it derives from stored rows (``table``), its rule (``rule``, whose docstring states the
 rule), and its chart (``chart``, or just a declarative ``plot`` spec). The claim's words come
-from the manual's index (``tunebook.manual``)::
+from the manual's index (``tunebook.core.manual``)::
 
     @figure("3.1")
     class CapMaxNumSeqs(FigureUnit):
@@ -30,9 +30,10 @@ from typing import Any, ClassVar
 import altair as alt
 import pandas as pd
 
-from tunebook import charts, manual
-from tunebook.evidence import NOT_MEASURED, VERDICT_ICON, Claim, Evidence
-from tunebook.manual import DEFAULT_MODEL, RESULT, SETTING, SOURCE, Ref
+from tunebook.charts import plots as charts
+from tunebook.core import manual
+from tunebook.core.manual import DEFAULT_MODEL, RESULT, SETTING, SOURCE, Ref
+from tunebook.results.evidence import NOT_MEASURED, VERDICT_ICON, Claim, Evidence
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,2 @@
+"""Altair charts of result frames and of the manual's reference data.
+"""

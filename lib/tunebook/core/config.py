@@ -1,0 +1,141 @@
+"""Where tunebook reads and writes, and the ``TUNEBOOK_*`` variables that move it: one place.
+
+Every other module asks here instead of computing paths from its own ``__file__`` (which
+breaks once the package is installed without ``-e``: site-packages has no notebooks/).
+
+    TUNEBOOK_HOME       the project folder (notebooks/, params/, outputs/); default: the
+                        checkout this package sits in, else the current directory
+    TUNEBOOK_OUTPUTS    where experiments land; default <home>/outputs
+    TUNEBOOK_CACHE      built offline model folders; default <home>/.cache/models
+                        (vLLM's compile caches too: tunebook.servers.compile_cache)
+    TUNEBOOK_COMPILE_CACHE  0: engines keep vLLM's own compile-cache defaults
+    TUNEBOOK_SMOLLM2_GGUF  a local SmolLM2-135M-Instruct.Q4_1.gguf (the smollm2-135m
+                        presets' weights) for machines without a package index
+    TUNEBOOK_STATE_DIR  pid files of running engines and the machine lock;
+                        default ~/.cache/tunebook
+    TUNEBOOK_BATCH      set: text progress for logs (papermill, cron) instead of live bars
+    TUNEBOOK_WAIT_S     seconds to wait for another sweep holding the machine (--wait)
+    TUNEBOOK_COMMIT     the tunebook commit to record when there is no git checkout
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+HOME_ENV = "TUNEBOOK_HOME"
+OUTPUTS_ENV = "TUNEBOOK_OUTPUTS"
+CACHE_ENV = "TUNEBOOK_CACHE"
+SMOLLM2_GGUF_ENV = "TUNEBOOK_SMOLLM2_GGUF"
+STATE_DIR_ENV = "TUNEBOOK_STATE_DIR"
+BATCH_ENV = "TUNEBOOK_BATCH"
+WAIT_ENV = "TUNEBOOK_WAIT_S"
+COMMIT_ENV = "TUNEBOOK_COMMIT"
+# A unix time by which the process will be stopped (a lent device's per-call limit, set by
+# scripts/h200_run.sh): a sweep starts no engine it has no time to use (tunebook.measure.sweep).
+DEADLINE_ENV = "TUNEBOOK_DEADLINE"
+
+_PACKAGE = Path(__file__).resolve().parents[1]  # lib/tunebook (this file is in core/)
+
+
+class EnvError(ValueError):
+    """A TUNEBOOK_* environment variable that cannot be read (said before any engine starts)."""
+
+
+def _checkout() -> Path | None:
+    """The source checkout holding this package (lib/tunebook), if it is one."""
+    root = _PACKAGE.parents[1]
+    return root if (root / "notebooks").is_dir() and (root / "lib" / "tunebook").is_dir() else None
+
+
+def home() -> Path:
+    """The project folder: notebooks/, params/ and (by default) outputs/ live here."""
+    env = os.environ.get(HOME_ENV)
+    if env:
+        return Path(env).expanduser().resolve()
+    return _checkout() or Path.cwd().resolve()
+
+
+def notebooks_dir() -> Path:
+    return home() / "notebooks"
+
+
+def params_dir() -> Path:
+    return home() / "params"
+
+
+def outputs_dir() -> Path:
+    env = os.environ.get(OUTPUTS_ENV)
+    return Path(env).expanduser().resolve() if env else home() / "outputs"
+
+
+def model_cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else home() / ".cache" / "models"
+
+
+def smollm2_gguf() -> Path | None:
+    """The GGUF named by TUNEBOOK_SMOLLM2_GGUF, if set (tunebook.models.gguf checks it)."""
+    env = os.environ.get(SMOLLM2_GGUF_ENV)
+    return Path(env).expanduser() if env else None
+
+
+def state_dir() -> Path:
+    """Per-user state: ``engines/`` pid files and ``machine.lock``."""
+    env = os.environ.get(STATE_DIR_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "tunebook"
+
+
+def batch() -> bool:
+    return bool(os.environ.get(BATCH_ENV))
+
+
+def number_at_least(text: str, typ: type[int] | type[float], lo: float) -> int | float | None:
+    """`text` as a number of `typ`, `lo` or more; None when it is not one (NaN included)."""
+    try:
+        value = typ(text.strip())
+    except ValueError:
+        return None
+    return None if value != value or value < lo else value
+
+
+def env_number(name: str, typ: type[int] | type[float], lo: float, what: str
+               ) -> int | float | None:
+    """A number from the environment, None when unset; a value that is not one (or is below
+    `lo`) is an EnvError naming the variable, said before anything starts."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    value = number_at_least(raw, typ, lo)
+    if value is None:
+        raise EnvError(f"{name}={raw!r}: expected {what}")
+    return value
+
+
+def wait_s() -> float:
+    """How long a sweep waits for another holding the machine (`--wait` sets it)."""
+    return float(env_number(WAIT_ENV, float, 0, "seconds to wait, 0 or more (e.g. 600)") or 0)
+
+
+def deadline() -> float | None:
+    """DEADLINE_ENV as a unix time, None when unset."""
+    value = env_number(DEADLINE_ENV, float, float("-inf"),
+                       "a unix time in seconds (e.g. $(( $(date +%s) + 540 )))")
+    return None if value is None else float(value)
+
+
+def package_data(name: str) -> Path:
+    """A file shipped inside the package (works installed or from a checkout)."""
+    return _PACKAGE / "data" / name
+
+
+def display_path(path: str | Path, start: str | Path | None = None) -> str:
+    """A path as a shared report should show it: relative to the project (or ``start``) when
+    it lies inside, else just its last two parts — never this machine's absolute layout."""
+    p = Path(path).resolve()
+    for base in ([Path(start).resolve()] if start else []) + [home()]:
+        try:
+            return p.relative_to(base).as_posix() or "."
+        except ValueError:
+            continue
+    return "/".join(p.parts[-2:])

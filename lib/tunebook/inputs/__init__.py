@@ -1,0 +1,3 @@
+"""What is asked: params files, the plan of engine configs x load points, load points, and SLO
+specs.
+"""

@@ -1,0 +1,279 @@
+"""vLLM's own benchmark client (`vllm.benchmarks.serve`), in-process: what loads a server.
+
+Every metric therefore means exactly what `vllm bench serve` means. tunebook only picks the
+arguments, gives each run a fresh dataset seed unless `load.seed` fixes one (a fixed seed sends
+the same prompts again, which a warm prefix cache then serves from memory), and renames nothing
+but the throughput keys (units in the name).
+
+The warm-ups (`num_warmups`) send the first measured prompt (vLLM's choice), so that prompt finds
+itself cached even right after a prefix-cache reset: a figure that needs every measured request
+cache-cold sets num_warmups: 0. vLLM's optional "initial test run" request (the same prompt) stays
+off, as vLLM's default is (`--ready-check-timeout-sec 0`, pinned): tunebook waited for /health.
+
+vLLM's client loads its tokenizer again for every run (0.6-1 s on the 2-core CPU box, more than a
+short run's benchmark: docs/overhead.md). A sweep passes a `ClientCache`, so each tokenizer loads
+once per sweep; the dataset is still sampled by every run, from that run's seed, by vLLM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunebook.core.schema import COLUMN_NAMES
+from tunebook.inputs.load import PROMPT_DATASETS, LoadPoint
+from tunebook.models import prompts
+
+PERCENTILES = "50,90,99"
+PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
+# vLLM's per-request arrays we keep in each run's JSON (they stay out of the table).
+REQUEST_ARRAYS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+                  "errors")
+_RENAME = {
+    "duration": "duration_s",
+    "failed": "failed_requests",
+    "request_throughput": "request_throughput_req_s",
+    "output_throughput": "output_tok_s",
+    "total_token_throughput": "total_tok_s",
+    "max_output_tokens_per_s": "max_output_tok_s",
+}
+
+
+
+def bench_argv(point: LoadPoint, base_url: str, model_name: str, tokenizer: str,
+               seed: int) -> list[str]:
+    """`vllm bench serve` arguments for one load point."""
+    argv = [
+        "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
+        "--model", model_name, "--served-model-name", model_name, "--tokenizer", tokenizer,
+        "--num-prompts", str(point.num_prompts), "--num-warmups", str(point.num_warmups),
+        "--max-concurrency", str(point.max_concurrency),
+        "--request-rate", "inf" if point.request_rate is None else str(point.request_rate),
+        "--seed", str(seed), "--temperature", "0",
+        "--percentile-metrics", PERCENTILE_METRICS, "--metric-percentiles", PERCENTILES,
+        "--save-detailed", "--disable-tqdm", *(["--ignore-eos"] if point.ignore_eos else []),
+        # vLLM's default, pinned: its test request would cache the first measured prompt
+        "--ready-check-timeout-sec", "0",
+    ]
+    if point.dataset in ("random", "random_prefix"):
+        argv += ["--dataset-name", "random", "--random-input-len", str(point.input_len),
+                 "--random-output-len", str(point.output_len),
+                 "--random-prefix-len", str(point.prefix_len)]
+    elif point.dataset == "prefix_repetition":
+        argv += ["--dataset-name", "prefix_repetition",
+                 "--prefix-repetition-prefix-len", str(point.prefix_len),
+                 "--prefix-repetition-suffix-len", str(point.input_len),
+                 "--prefix-repetition-num-prefixes", str(point.num_prefixes),
+                 "--prefix-repetition-output-len", str(point.output_len)]
+    elif point.dataset in PROMPT_DATASETS:
+        # Built for this tokenizer: prompts of at most input_len tokens (chat template
+        # included: vLLM's client applies it), code at least output_len tokens long.
+        path = prompts.dataset_file(point.dataset, tokenizer, point.input_len, point.output_len)
+        argv += ["--dataset-name", "custom", "--dataset-path", str(path),
+                 "--custom-output-len", str(point.output_len)]
+    else:
+        raise ValueError(f"dataset {point.dataset!r} is not one vLLM's client sends")
+    return argv
+
+
+@contextlib.contextmanager
+def _api_key(key: str | None) -> Iterator[None]:
+    """vLLM's client reads OPENAI_API_KEY; set it only for the call."""
+    old = os.environ.get("OPENAI_API_KEY")
+    if key:
+        os.environ["OPENAI_API_KEY"] = key
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("OPENAI_API_KEY", None)
+        else:
+            os.environ["OPENAI_API_KEY"] = old
+
+
+class LoadError(RuntimeError):
+    pass
+
+
+def prefetch_client() -> threading.Thread | None:
+    """Import vLLM's benchmark client (`vllm.benchmarks.serve`: torch, transformers; ~5 s on
+    the 2-core CPU box) on a background thread at the lowest CPU priority, so the first run
+    finds it imported instead of waiting for it. Meant to run while an engine starts: at nice
+    19 the thread only gets the CPU the engine leaves idle, and the start-up keeps its own
+    pace (docs/overhead.md compares the start phases with and without it). None when it is
+    imported already; an import error is left for run_bench to raise where it is reported."""
+    import sys
+
+    if "vllm.benchmarks.serve" in sys.modules:
+        return None
+
+    def work() -> None:
+        with contextlib.suppress(OSError, AttributeError):  # Linux: the nice value is per thread
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        with contextlib.suppress(Exception):
+            import vllm.benchmarks.serve  # noqa: F401
+
+    t = threading.Thread(target=work, name="tunebook-import-vllm-client", daemon=True)
+    t.start()
+    return t
+
+
+class ClientCache:
+    """What vLLM's client would build again in every run of a sweep: its tokenizer, loaded once
+    per set of `get_tokenizer` arguments (the tokenizer folder, mode, trust_remote_code), so
+    each run gets the tokenizer its own call would have loaded. Dataset samples are not kept:
+    each run samples its own, from its own seed (point_seed), in 20-120 ms."""
+
+    def __init__(self) -> None:
+        self._tokenizers: dict[Hashable, Any] = {}
+        self.loads = 0  # tokenizers loaded (the rest were reused)
+
+    def tokenizer(self, load: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        key = (args, tuple(sorted(kwargs.items())))
+        try:
+            hash(key)
+        except TypeError:  # arguments it cannot be keyed on: load it, as vLLM would
+            return load(*args, **kwargs)
+        if key not in self._tokenizers:
+            self._tokenizers[key] = load(*args, **kwargs)
+            self.loads += 1
+        return self._tokenizers[key]
+
+
+@dataclass
+class _ClientRun:
+    """What the hooks of one run_bench call see (on its worker thread only)."""
+    cache: ClientCache | None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+_CURRENT = threading.local()  # .run: the _ClientRun of the run_bench worker thread
+# vLLM client functions run_bench times, as timings keys (get_tokenizer also goes through the
+# ClientCache). Looked up in vllm.benchmarks.serve's namespace at each call, so wrapping the
+# name there reaches them; outside a run_bench worker thread the wrapper is vLLM's function.
+_HOOKED = {"get_tokenizer": "client_tokenizer_s", "get_samples": "client_samples_s"}
+
+
+def _hook(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        run: _ClientRun | None = getattr(_CURRENT, "run", None)
+        if run is None:
+            return f(*args, **kwargs)
+        t0 = time.monotonic()
+        try:
+            if name == "get_tokenizer" and run.cache is not None:
+                return run.cache.tokenizer(f, *args, **kwargs)
+            return f(*args, **kwargs)
+        finally:
+            key = _HOOKED[name]
+            run.timings[key] = run.timings.get(key, 0.0) + time.monotonic() - t0
+
+    wrapper._tunebook_hook = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _install_hooks(vbs: Any) -> None:
+    for name in _HOOKED:
+        f = getattr(vbs, name, None)
+        if f is not None and not getattr(f, "_tunebook_hook", False):
+            setattr(vbs, name, _hook(name, f))
+
+
+def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
+              timeout_s: float | None = None, cache: ClientCache | None = None,
+              timings: dict[str, float] | None = None) -> tuple[dict[str, Any], str]:
+    """Run vLLM's client in this process; return its result dict and what it printed.
+
+    It runs on a worker thread with its own event loop: `vllm bench serve` calls asyncio.run,
+    which fails inside a Jupyter kernel (a loop is already running there). With a `cache` the
+    tokenizer is reused across calls; `timings` gets the seconds of the client's steps (its
+    import, tokenizer, dataset sampling, and the whole call: `client_s`).
+    """
+    import argparse
+
+    t0 = time.monotonic()
+    from vllm.benchmarks import serve as vbs  # ~5 s the first time in a process (torch)
+
+    t_import = time.monotonic() - t0
+    _install_hooks(vbs)
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # older layouts
+        FlexibleArgumentParser = argparse.ArgumentParser  # noqa: N806
+    parser = FlexibleArgumentParser()
+    vbs.add_cli_args(parser)
+    args = parser.parse_args(argv)
+    out = io.StringIO()
+    box: dict[str, Any] = {}
+    run = _ClientRun(cache)
+
+    def work() -> None:
+        _CURRENT.run = run
+        try:
+            box["result"] = vbs.main(args)
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            box["error"] = e
+        finally:
+            _CURRENT.run = None
+
+    redirect = contextlib.redirect_stdout(out) if quiet else contextlib.nullcontext()
+    try:
+        with _api_key(api_key), redirect:
+            t = threading.Thread(target=work, name="vllm-bench", daemon=True)
+            t.start()
+            t.join(timeout_s)  # Ctrl-C lands here, in the caller's thread
+    finally:
+        if timings is not None:
+            timings.update({"client_s": time.monotonic() - t0, "client_import_s": t_import,
+                            **run.timings})
+    text = out.getvalue().replace(api_key, "***") if api_key else out.getvalue()
+    if t.is_alive():
+        raise LoadError(f"the benchmark did not finish within {timeout_s:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["result"], text
+
+
+def metrics_row(result: dict[str, Any], point: LoadPoint) -> dict[str, Any]:
+    """vLLM's summary metrics under tunebook's column names (see tunebook.core.schema)."""
+    row: dict[str, Any] = {}
+    for key, value in result.items():
+        name = _RENAME.get(key, key)
+        if name in COLUMN_NAMES and not isinstance(value, list | dict):
+            row[name] = value.item() if hasattr(value, "item") else value
+    out_tok_s = row.get("output_tok_s")
+    if out_tok_s is not None and point.max_concurrency:
+        row["output_tok_s_per_user"] = out_tok_s / point.max_concurrency
+    row.update(itl_tail_ms(result))
+    return {k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def itl_tail_ms(result: dict[str, Any]) -> dict[str, float]:
+    """p999_itl_ms and max_itl_ms over the gaps vLLM's own ITL percentiles use: every gap of
+    every request without an error, np.percentile's default (linear) as vLLM computes them;
+    nothing when there is no gap (vLLM would report 0)."""
+    import numpy as np
+
+    itls, errors = result.get("itls") or [], result.get("errors") or []
+    gaps = [g for i, req in enumerate(itls) if not (errors[i] if i < len(errors) else "")
+            for g in (req or [])]
+    if not gaps:
+        return {}
+    return {"p999_itl_ms": float(np.percentile(gaps, 99.9)) * 1000,
+            "max_itl_ms": max(gaps) * 1000}
+
+
+def request_arrays(result: dict[str, Any], texts: bool = False) -> dict[str, Any]:
+    """The per-request arrays a run's JSON keeps; with `texts` also what each request wrote
+    (real prompts, real weights: outputs with and without speculation can be compared)."""
+    keep = (*REQUEST_ARRAYS, "generated_texts") if texts else REQUEST_ARRAYS
+    return {k: result[k] for k in keep if k in result}

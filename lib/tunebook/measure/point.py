@@ -1,0 +1,257 @@
+"""Measuring one run on a started server: `measure(server, run, ctx) -> Measured`, the run's
+record (its result row and everything kept beside it), whatever happened.
+
+- The prefix cache is reset first when the point asks (load.reset_prefix_cache; a reset that
+  fails makes the run `failed`, it is never skipped silently).
+- The server's /metrics is read before and after and sampled while it runs
+  (tunebook.servers.metrics), and the server watches what else it counts (a pair: the KV that
+  crossed between its engines).
+- vLLM's benchmark client (tunebook.measure.client), or Fig 3.3's probe (tunebook.measure.probe),
+  sends the requests.
+- Ctrl-C / SIGTERM: the record says `interrupted` and carries the interrupt, which the caller
+  raises once the record is stored. A client failure is `failed`; a server that died under it
+  makes the run `interrupted` (run again on resume).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tunebook.core import hardware, schema
+from tunebook.inputs.load import BLOCK_REUSE, PROMPT_DATASETS, point_seed
+from tunebook.inputs.params import SweepParams
+from tunebook.inputs.plan import PlannedRun
+from tunebook.measure import probe
+from tunebook.measure.client import ClientCache, bench_argv, metrics_row, request_arrays, run_bench
+from tunebook.measure.locks import Terminated
+from tunebook.measure.progress import StepTimes
+from tunebook.models.presets import ModelRef
+from tunebook.results.store import utc_now
+from tunebook.servers import metrics as engine_metrics
+from tunebook.servers.base import (
+    SERVED_NAME,
+    EngineRequestError,
+    EngineStartError,
+    NoWatch,
+    Server,
+)
+
+
+@dataclass
+class PointContext:
+    """What every run of a sweep shares: its params, where its store is (records name logs
+    relative to it), the model (each engine config's own: the executor sets it), vLLM's client
+    cache (one tokenizer load per sweep) and the sweep's step clock."""
+
+    params: SweepParams
+    store_root: Path
+    model: ModelRef | None = None
+    client: ClientCache = field(default_factory=ClientCache)
+    steps: StepTimes = field(default_factory=StepTimes)
+
+
+@dataclass
+class Outcome:
+    """How a run ended, and what it measured (the row's and the record's parts)."""
+
+    status: str
+    started: str | None = None
+    seed: int | None = None
+    metrics: dict[str, Any] | None = None
+    row_extra: dict[str, Any] | None = None
+    error: str | None = None
+    error_line: str | None = None
+    error_hint: str | None = None
+    extra: dict[str, Any] | None = None
+
+
+@dataclass
+class Measured:
+    """A run's record, to store; `interrupt` (Ctrl-C, SIGTERM) is raised once it is stored."""
+
+    record: dict[str, Any]
+    interrupt: BaseException | None = None
+
+    @property
+    def row(self) -> dict[str, Any]:
+        return self.record["row"]
+
+
+def record_of(run: PlannedRun, server: Server, ctx: PointContext, out: Outcome) -> dict:
+    """A run's record: the row (tunebook.core.schema's columns) and what is kept beside it."""
+    row: dict[str, Any] = {
+        "schema_version": schema.SCHEMA_VERSION, "run_id": run.run_id,
+        "experiment": ctx.params.experiment, "status": out.status,
+        "engine_config_id": run.engine.id, "engine_label": run.engine.label,
+        "repeat": run.repeat, "part": run.part or None,
+        "started_at": out.started or utc_now(), "finished_at": utc_now(),
+        "model": run.engine.model, "load_format": ctx.model.load_format if ctx.model else None,
+        **run.point.as_row(), "seed": out.seed,
+        **(out.metrics or {}), **(out.row_extra or {}), **server.row(),
+        "error": out.error, "error_line": out.error_line, "error_hint": out.error_hint,
+        **hardware.machine(),
+        **run.engine.knobs,
+    }
+    return {"row": row, "engine": server.record(ctx.store_root),
+            "params_source": ctx.params.source, **(out.extra or {})}
+
+
+def start_failed(runs: list[PlannedRun], server: Server, error: EngineStartError,
+                 ctx: PointContext) -> list[Measured]:
+    """The records of runs whose engine did not start: `engine_failed`, with the log line
+    that explains it and the fix."""
+    d = error.diagnosis
+    out = Outcome(schema.STATUS_ENGINE_FAILED, error=d.error, error_line=d.line,
+                  error_hint=d.hint, extra={"log_tail": error.log_tail})
+    return [Measured(record_of(run, server, ctx, out)) for run in runs]
+
+
+@contextlib.contextmanager
+def _timed(step: str, timings: dict[str, float], steps: StepTimes) -> Iterator[None]:
+    """A step of one run: into the sweep's StepTimes and the run's `timings`."""
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        s = time.monotonic() - t0
+        steps.add(step, s)
+        key = step.replace("-", "_").replace(" ", "_") + "_s"
+        timings[key] = timings.get(key, 0.0) + s
+
+
+CLIENT_STEPS = {"client_s": "client (vLLM's, whole call)",
+                "client_import_s": "client: import vllm.benchmarks.serve",
+                "client_tokenizer_s": "client: tokenizer",
+                "client_samples_s": "client: dataset sampling"}
+
+
+def _scrape(server: Server, errors: list[str]) -> engine_metrics.Snapshot | None:
+    """One /metrics snapshot; a failure is noted in the run's JSON, the point goes on."""
+    try:
+        return engine_metrics.Snapshot.from_text(server.metrics_text())
+    except (EngineRequestError, engine_metrics.MetricsParseError) as e:
+        errors.append(str(e)[:200])
+        return None
+
+
+def exited(server: Server, grace_s: float = 2.0) -> bool:
+    """Whether the server exited. A run that went wrong asks with a grace: the client sees a
+    killed server's connections drop a moment before its process can be reaped, and that run
+    is `interrupted` (the engine died), not `failed`."""
+    deadline = time.monotonic() + grace_s
+    while server.alive():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _first_error(res: dict) -> str | None:
+    return next((e for e in res.get("errors", []) if e), None)
+
+
+def measure(server: Server, run: PlannedRun, ctx: PointContext) -> Measured:
+    """Run one planned run on a started server; its record, whatever happened."""
+    point = run.point
+    started = utc_now()
+    out = Outcome(schema.STATUS_FAILED, started=started, seed=point_seed(point),
+                  row_extra={"prefix_cache_reset": False})
+    timings: dict[str, float] = {}  # this run's steps, kept in its JSON
+    if point.reset_prefix_cache:
+        with _timed("prefix-cache reset", timings, ctx.steps):
+            reset = server.reset_prefix_cache()
+        if not reset.ok:  # measured on a warm cache the point would flatter: not run
+            out.error = (f"prefix cache reset failed after {reset.attempts} "
+                         f"attempt(s): {reset.detail}")[:500]
+            out.error_hint = ("load.reset_prefix_cache needs the engine's dev mode (tunebook "
+                              "sets VLLM_SERVER_DEV_MODE=1) and no request in flight; set it "
+                              "false to measure on a warm cache")
+            return Measured(record_of(run, server, ctx, out))
+        out.row_extra = {"prefix_cache_reset": True}
+    scrape_errors: list[str] = []
+    try:
+        watch = server.watch_point()
+    except EngineRequestError as e:
+        watch = NoWatch()
+        scrape_errors.append(str(e)[:200])
+    with _timed("metrics scrapes", timings, ctx.steps):
+        before = _scrape(server, scrape_errors)
+    log_from = server.log_offsets()
+    sampler = engine_metrics.Sampler(server.metrics_text)
+    try:
+        with sampler:
+            if point.dataset == BLOCK_REUSE:
+                with _timed("block-reuse probe", timings, ctx.steps):
+                    vocab = ((ctx.model.config if ctx.model else None) or {}).get("vocab_size")
+                    found = probe.run(server, point, out.seed, timeout_s=_timeout(run, ctx),
+                                      vocab_size=vocab)
+            else:
+                res, printed = _bench(server, run, ctx, out.seed, timings)
+    except (KeyboardInterrupt, Terminated) as e:
+        out.status, out.error = schema.STATUS_INTERRUPTED, f"interrupted ({type(e).__name__})"
+        return Measured(record_of(run, server, ctx, out), interrupt=e)
+    except Exception as e:  # noqa: BLE001 - any client failure is recorded, not fatal
+        died = exited(server)
+        out.status = schema.STATUS_INTERRUPTED if died else schema.STATUS_FAILED
+        why = f" (engine exited, code {server.exit_code()})" if died else ""
+        out.error = f"{type(e).__name__}: {e}{why}"[:500]
+        out.extra = {"engine_log_tail": server.log_tail()}
+        return Measured(record_of(run, server, ctx, out))
+    with _timed("metrics scrapes", timings, ctx.steps):
+        after = _scrape(server, scrape_errors)
+    out.row_extra.update(engine_metrics.row(before, after, sampler))
+    watched, sections = watch.end()
+    out.row_extra.update(watched)
+    out.extra = {
+        "timings": timings,
+        "engine_metrics": engine_metrics.record(before, after, sampler, scrape_errors),
+        # byte ranges of the shared engine logs that this load wrote (Figs 8.2, 8.3)
+        "log_span": {k: [v, server.log_offsets().get(k, v)] for k, v in log_from.items()},
+        **sections}
+    out.status = schema.STATUS_OK
+    if point.dataset == BLOCK_REUSE:
+        out.metrics, out.error = found.row, found.error
+        out.extra.update(found.record)
+        if out.error:
+            out.status = schema.STATUS_FAILED
+    else:
+        out.metrics = metrics_row(res, point)
+        texts = point.dataset in PROMPT_DATASETS
+        out.extra.update({"requests": request_arrays(res, texts),
+                          "bench_output": printed[-4000:]})
+        if not out.metrics.get("completed"):
+            out.status = schema.STATUS_FAILED
+            out.error = _first_error(res) or "no request completed"
+        elif out.metrics.get("failed_requests"):
+            # vLLM's metrics leave failed requests out: the numbers would flatter this run.
+            out.status = schema.STATUS_FAILED
+            out.error = (f"{out.metrics['failed_requests']} request(s) failed: "
+                         f"{_first_error(res)}")[:500]
+    if not server.alive() or (out.status != schema.STATUS_OK and exited(server)):
+        out.status, out.error = schema.STATUS_INTERRUPTED, "engine exited during the run"
+    return Measured(record_of(run, server, ctx, out))
+
+
+def _timeout(run: PlannedRun, ctx: PointContext) -> float:
+    return ctx.params.run_timeout_for(run.part)
+
+
+def _bench(server: Server, run: PlannedRun, ctx: PointContext, seed: int | None,
+           timings: dict[str, float]) -> tuple[dict, str]:
+    """vLLM's benchmark client on the server; its steps into the run's timings."""
+    assert ctx.model is not None, "the executor sets each config's model"
+    argv = bench_argv(run.point, server.base_url, SERVED_NAME, ctx.model.tokenizer, seed)
+    client: dict[str, float] = {}
+    try:
+        return run_bench(argv, api_key=server.api_key, timeout_s=_timeout(run, ctx),
+                         cache=ctx.client, timings=client)
+    finally:
+        timings.update(client)
+        for key, step in CLIENT_STEPS.items():
+            if key in client:
+                ctx.steps.add(step, client[key])

@@ -1,0 +1,3 @@
+"""What a person reads: claims tables, rendered reports, the index, comparisons, the notebooks'
+workbook and the tuning panel.
+"""

@@ -1,0 +1,360 @@
+"""Rendering: papermill executes a notebook into the experiment folder, nbconvert turns it into
+a self-contained HTML file (charts are inline SVG: no CDN, no network), and the Altair
+renderer used inside notebooks emits both the interactive Vega-Lite bundle (JupyterLab) and
+a static SVG (for the shared HTML).
+
+What is shared shows no machine's layout: papermill injects project paths relative to
+notebooks/ (the kernel's cwd), and `tidy` writes every other absolute path of the project, the
+outputs folder or the home folder in its display form (`config.display_path`) in the saved
+notebook and the HTML. Progress bars stay live in JupyterLab and a terminal; in the saved
+notebook each leaves one summary line (`collapse_progress`): a cron log of `tunebook sweep`
+keeps its periodic text bars, since only what is saved is condensed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from tunebook.core import config
+from tunebook.results.store import replace_atomic, stamp
+
+_SECRET_RE = re.compile(r"(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9]{20,})")
+
+
+VEGALITE_MIME = "application/vnd.vegalite.v5+json"
+
+
+def _svg(spec: dict[str, Any]) -> str | None:
+    try:
+        import vl_convert as vlc
+    except ImportError:  # e.g. on the device: to_html adds the SVG when rendering
+        return None
+    return vlc.vegalite_to_svg(spec)
+
+
+def _svg_and_spec(spec: dict[str, Any], **_: Any) -> dict[str, Any]:
+    bundle: dict[str, Any] = {VEGALITE_MIME: spec,
+                              "text/plain": "<altair chart: see the SVG / interactive view>"}
+    svg = _svg(spec)
+    if svg:
+        bundle["image/svg+xml"] = svg
+    return bundle
+
+
+def enable_offline_charts() -> None:
+    """Make every displayed Altair chart carry a static SVG (works in offline HTML)."""
+    import altair as alt
+
+    alt.renderers.register("tunebook", _svg_and_spec)
+    alt.renderers.enable("tunebook")
+    alt.data_transformers.disable_max_rows()
+
+
+def notebook_path(name: str) -> Path:
+    p = config.notebooks_dir() / f"{name}.ipynb"
+    if not p.exists():
+        raise FileNotFoundError(f"no notebook {name!r} under {config.notebooks_dir()}")
+    return p
+
+
+# Parameters that name files: injected relative to notebooks/ when they lie in the project.
+PATH_PARAMETERS = ("params_file", "outputs")
+
+
+def kernel_path(path: str | Path) -> str:
+    """`path` as the notebook's kernel (cwd notebooks/) should be given it: relative, e.g.
+    ``../params/ch01.yaml``, when it lies in the project; otherwise absolute (the kernel must
+    find it), and `tidy` shows it in display form in what is saved."""
+    p = Path(path).resolve()
+    try:
+        p.relative_to(config.home())
+    except ValueError:
+        return str(p)
+    return os.path.relpath(p, config.notebooks_dir())
+
+
+def execute(notebook: str, exp_dir: Path, parameters: dict[str, Any],
+            progress: bool = True) -> Path:
+    """Run a notebook with papermill into `exp_dir/notebooks/<name>__<stamp>.ipynb`, then
+    tidy the saved copy (relative paths, one line per progress bar) — also when it failed."""
+    import papermill as pm
+
+    out = exp_dir / "notebooks" / f"{notebook}__{stamp()}.ipynb"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Only what the notebook declares: papermill would inject the rest with a warning.
+    declared = pm.inspect_notebook(str(notebook_path(notebook)))
+    parameters = {k: (kernel_path(v) if k in PATH_PARAMETERS and v is not None else v)
+                  for k, v in parameters.items() if k in declared}
+    env_before = os.environ.get("TUNEBOOK_BATCH")
+    os.environ["TUNEBOOK_BATCH"] = "1"  # text progress bars inside the executed notebook
+    try:
+        pm.execute_notebook(
+            str(notebook_path(notebook)), str(out), parameters=parameters,
+            cwd=str(config.notebooks_dir()), progress_bar=progress, kernel_name="python3",
+            log_output=False, request_save_on_cell_execute=True,
+        )
+    finally:
+        if env_before is None:
+            os.environ.pop("TUNEBOOK_BATCH", None)
+        else:
+            os.environ["TUNEBOOK_BATCH"] = env_before
+        if out.exists():
+            try:
+                tidy_file(out)
+            except Exception as e:  # noqa: BLE001 - never hide why the notebook stopped
+                print(f"tunebook: {out.name} left as papermill saved it ({e})", file=sys.stderr)
+    return out
+
+
+def tidy_file(ipynb: Path) -> Path:
+    """Tidy a saved notebook in place (see `tidy`)."""
+    import nbformat
+
+    nb = nbformat.read(str(ipynb), as_version=4)
+    replace_atomic(ipynb, nbformat.writes(tidy(nb, ipynb)).encode())
+    return ipynb
+
+
+def to_html(ipynb: Path, html: Path | None = None, *, no_input: bool = False) -> Path:
+    """A self-contained HTML file beside the executed notebook (and `report.html`, latest).
+    ``no_input``: code cells hidden, for readers who want the figures and verdicts only."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(str(ipynb), as_version=4)
+    mapping = path_map(nb, ipynb)  # before tidy rewrites papermill's record of the paths
+    nb = tidy(nb, ipynb, mapping)
+    for cell in nb.cells:  # the interactive spec has no renderer in plain HTML: keep an SVG
+        for o in cell.get("outputs", []):
+            data = o.get("data", {})
+            if VEGALITE_MIME in data and "image/svg+xml" not in data:
+                data["image/svg+xml"] = _svg(data[VEGALITE_MIME])
+            if data.get("image/svg+xml"):
+                data.pop(VEGALITE_MIME, None)
+    exporter = HTMLExporter(template_name="lab", exclude_input=no_input,
+                            exclude_input_prompt=no_input, exclude_output_prompt=no_input)
+    body, _ = exporter.from_notebook_node(nb)
+    body = _SECRET_RE.sub("***", scrub_paths(_offline(body), mapping))
+    html = html or ipynb.with_suffix(".html")
+    replace_atomic(html, body.encode())
+    replace_atomic(ipynb.parent.parent / "report.html", body.encode())
+    return html
+
+
+# ---------------------------------------------------------------------------------------------
+# What a shared notebook shows: display paths, and one line per progress bar
+
+
+def _roots_of(nb: Any, ipynb: Path | None) -> list[tuple[Path, Path | None]]:
+    """(outputs root, project) pairs whose absolute paths the notebook may show: this
+    machine's, and the executing machine's as papermill recorded them."""
+    pairs: list[tuple[Path, Path | None]] = []
+    if ipynb is not None and Path(ipynb).parent.name == "notebooks":
+        pairs.append((Path(ipynb).resolve().parents[2], config.home()))
+    meta = nb.get("metadata", {}).get("papermill", {})
+    inp, outp = meta.get("input_path"), meta.get("output_path")
+    project = Path(inp).parents[1] if inp and Path(inp).is_absolute() else None
+    if outp and Path(outp).is_absolute() and Path(outp).parent.name == "notebooks":
+        pairs.append((Path(outp).parents[2], project))
+    elif project is not None:
+        pairs.append((project / "outputs", project))
+    return pairs
+
+
+def path_map(nb: Any, ipynb: Path | None = None) -> list[tuple[str, str]]:
+    """(absolute prefix, what to show instead), longest first: each project folder becomes
+    "" (paths relative to it), an outputs folder outside it its last two parts, the home
+    folder "~"."""
+    found: dict[str, str] = {}
+
+    def add(p: Path | None, shown: str) -> None:
+        if p is None or len(p.parts) < 2:  # never "/" itself
+            return
+        for form in {str(p), str(p.resolve())}:
+            found.setdefault(form, shown)
+
+    for outputs, project in _roots_of(nb, ipynb):
+        inside = project is not None and outputs.is_relative_to(project)
+        if inside:
+            add(outputs, outputs.relative_to(project).as_posix())  # type: ignore[arg-type]
+        else:
+            add(outputs, "/".join(outputs.parts[-2:]))
+        add(project, "")
+    add(config.home(), "")
+    home = Path.home()
+    if len(home.parts) >= 2:
+        add(home, "~")
+    return sorted(found.items(), key=lambda kv: -len(kv[0]))
+
+
+def scrub_paths(text: str, mapping: list[tuple[str, str]]) -> str:
+    """Replace each mapped absolute prefix (a whole path component, not `/work/mainline`)."""
+    if not mapping or not text:
+        return text
+    shown = dict(mapping)
+    rx = re.compile("(" + "|".join(re.escape(k) for k, _ in mapping) + r")(?:(/)|(?![\w.-]))")
+
+    def repl(m: re.Match[str]) -> str:
+        s, slash = shown[m.group(1)], m.group(2)
+        if s == "":
+            return "" if slash else "."
+        return s + (slash or "")
+
+    return rx.sub(repl, text)
+
+
+# tqdm's text bar: "{desc}: {pct}%|{bar}| {n}/{total} [{elapsed}<{left}, {rate}{postfix}]"
+_BAR = re.compile(r"(?P<desc>[^\r\n]*?)(?::\s*)?(?<![\d])\s*(?P<pct>\d{1,3})%\|[^|\r\n]*\|\s*"
+                  r"(?P<n>\d+)/(?P<total>\d+)\s*\[(?P<elapsed>[\d:]+)[^\]\r\n]*\][ \t]*")
+# tqdm.auto without ipywidgets warns once; in a saved report it is noise about the bar
+_TQDM_WARNING = re.compile(r"[^\n]*TqdmWarning: IProgress not found[^\n]*\n"
+                           r"(?:[ \t]+from \.autonotebook import[^\n]*\n)?")
+
+
+def _summary(first: re.Match[str], last: re.Match[str]) -> str:
+    name, step = first.group("desc").strip(), last.group("desc").strip()
+    line = (f"{name + ': ' if name else ''}{last.group('n')}/{last.group('total')} in "
+            f"{last.group('elapsed')}")
+    return line + (f" (last: {step})" if step and step != name else "") + "\n"
+
+
+def collapse_progress(text: str) -> tuple[list[str], str]:
+    """Text written to stderr -> (one summary line per progress bar, the rest).
+
+    A bar is the run of tqdm states up to its close (a newline right after a state) or to
+    a state with another total; the summary names the bar's first description (the
+    experiment), its last count and time, and the last step it showed."""
+    bars = list(_BAR.finditer(text))
+    summaries: list[str] = []
+    first = prev = None
+    for m in bars:
+        if prev is not None and m.group("total") != prev.group("total"):
+            summaries.append(_summary(first, prev))  # type: ignore[arg-type]
+            first = None
+        first = first or m
+        prev = m
+        if text[m.end():m.end() + 1] == "\n":  # tqdm's close
+            summaries.append(_summary(first, m))
+            first = prev = None
+    if first is not None and prev is not None:
+        summaries.append(_summary(first, prev))
+    rest = _TQDM_WARNING.sub("", _BAR.sub("", text))
+    rest = "\n".join(ln for ln in rest.replace("\r", "").split("\n") if ln.strip())
+    return summaries, (rest + "\n" if rest else "")
+
+
+def _is_stderr(o: Any) -> bool:
+    return o.get("output_type") == "stream" and o.get("name") == "stderr"
+
+
+def _tidy_progress(cell: Any) -> None:
+    """A cell's stderr (one stream, saved as many outputs) without its progress bars: one
+    stdout line per bar where the first bar was, then whatever else stderr said."""
+    import nbformat
+
+    outputs = cell.get("outputs", [])
+    widgets = [o for o in outputs if o.get("output_type") == "display_data"
+               and _BAR.fullmatch(str(o.get("data", {}).get("text/plain", "")).strip())]
+    err = "".join("".join(o["text"]) if isinstance(o["text"], list) else o["text"]
+                  for o in outputs if _is_stderr(o))
+    if not widgets and not _BAR.search(err):
+        return
+    # a JupyterLab widget bar saved with the notebook: its text shows the last state
+    err += "".join(str(o["data"]["text/plain"]).strip() + "\n" for o in widgets)
+    summaries, rest = collapse_progress(err)
+    new: list[Any] = []
+    placed = False
+    for o in outputs:
+        if _is_stderr(o) or any(o is w for w in widgets):
+            if not placed:
+                new.append(nbformat.v4.new_output("stream", name="stdout",
+                                                  text="".join(summaries)))
+                if rest:
+                    new.append(nbformat.v4.new_output("stream", name="stderr", text=rest))
+                placed = True
+            continue
+        new.append(o)
+    cell["outputs"] = new
+
+
+def _scrub_node(x: Any, mapping: list[tuple[str, str]]) -> Any:
+    if isinstance(x, str):
+        return scrub_paths(x, mapping)
+    if isinstance(x, list):
+        return [_scrub_node(v, mapping) for v in x]
+    if isinstance(x, dict):
+        for k in list(x):
+            if not (isinstance(x[k], str) and k.startswith("image/") and k != "image/svg+xml"):
+                x[k] = _scrub_node(x[k], mapping)  # PNG base64 holds no path
+        return x
+    return x
+
+
+def tidy(nb: Any, ipynb: Path | None = None,
+         mapping: list[tuple[str, str]] | None = None) -> Any:
+    """The notebook as it is shared: progress bars condensed to one line each, and every
+    absolute path of the project, the outputs folder or the home folder in display form —
+    sources, outputs and papermill's metadata. Idempotent; changes no number."""
+    mapping = path_map(nb, ipynb) if mapping is None else mapping
+    for cell in nb.cells:
+        if cell.get("cell_type") == "code":
+            _tidy_progress(cell)
+        cell["source"] = scrub_paths(cell.get("source", ""), mapping)
+        if "outputs" in cell:
+            cell["outputs"] = _scrub_node(cell["outputs"], mapping)
+    pm_meta = nb.get("metadata", {}).get("papermill")
+    if pm_meta:
+        nb["metadata"]["papermill"] = _scrub_node(pm_meta, mapping)
+    return nb
+
+
+_REMOTE_SCRIPT = re.compile(
+    r"<script[^>]*\bsrc=[\"']https?:[^>]*>\s*(?:</script>)?", re.IGNORECASE)
+
+
+def _offline(html: str) -> str:
+    """Drop the CDN scripts nbconvert's template adds (require.js, MathJax): tunebook's
+    reports need neither, and a shared report must not reach out to the network."""
+    return _REMOTE_SCRIPT.sub("", html)
+
+
+def export_charts(ipynb: Path, out_dir: Path, formats: list[str] | None = None) -> list[Path]:
+    """Each Vega-Lite chart in an executed notebook as ``<cell>-<n>.<fmt>`` (PNG and SVG by
+    default), named after the cell's position so slides can refer to them."""
+    import nbformat
+
+    from tunebook.charts import plots as charts
+
+    nb = nbformat.read(str(ipynb), as_version=4)
+    written: list[Path] = []
+    for i, cell in enumerate(nb.cells):
+        n = 0
+        for o in cell.get("outputs", []):
+            spec = o.get("data", {}).get(VEGALITE_MIME)
+            if spec:
+                n += 1
+                written += charts.save_spec(spec, Path(out_dir) / f"cell{i:02d}-{n}",
+                                            formats or ["png", "svg"])
+    return written
+
+
+def latest_notebook(exp_dir: Path) -> Path:
+    found = sorted((Path(exp_dir) / "notebooks").glob("*.ipynb"))
+    if not found:
+        raise FileNotFoundError(f"no executed notebook under {exp_dir}/notebooks")
+    return found[-1]
+
+
+def external_resources(html_text: str) -> list[str]:
+    """URLs an HTML page would fetch (scripts, styles, images): empty = works offline."""
+    found = re.findall(r"<(?:script|link|img)[^>]+(?:src|href)=[\"'](https?:[^\"']+)", html_text)
+    return sorted(set(found))
+
+
+def notebook_parameters(ipynb: Path) -> dict[str, Any]:
+    """The parameters papermill recorded in the executed notebook's metadata."""
+    return json.loads(Path(ipynb).read_text())["metadata"]["papermill"]["parameters"]

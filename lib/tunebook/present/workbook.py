@@ -1,0 +1,198 @@
+"""What notebooks call: one object per notebook run, so cells stay one line of narrative each.
+
+    wb = workbook.open(params_file, overrides, outputs)   # validates before anything starts
+    wb.plan()          # the dry run, as text
+    wb.run()           # the sweep (resumes; skips finished runs)
+    wb.table()         # results as a DataFrame (latest attempt per run)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tunebook import figures
+from tunebook.core import config
+from tunebook.figures.ch01_engine import startup_facts
+from tunebook.inputs import params as P
+from tunebook.measure.sweep import Sweep, SweepOptions, SweepResult
+from tunebook.present import claims, index, report
+from tunebook.results.store import not_ok_rows, ok_rows
+
+__all__ = ["Workbook", "open", "startup_facts"]
+
+@dataclass
+class Workbook:
+    params: P.SweepParams
+    sweep: Sweep
+    dry_run: bool = False
+    result: SweepResult | None = None
+
+    def plan(self) -> str:
+        """The dry run. In a dry run (a replot) it first says what the figures are drawn
+        from, since the plan then describes what would run on *this* machine."""
+        if not self.dry_run:
+            return self.sweep.describe()
+        return f"{self.stored()}\nWere these params run on this machine:\n{self.sweep.describe()}"
+
+    def stored(self) -> str:
+        """One line: the stored runs the figures are drawn from, and where they were made."""
+        df = self.table()
+        if df.empty:
+            return "dry run: nothing starts, and no runs are stored yet"
+        ok = ok_rows(df)
+        made = sorted({f"vLLM {v} on {h}" for v, h in zip(
+            ok.get("vllm_version", []), ok.get("hardware", []), strict=False)
+            if isinstance(v, str) and isinstance(h, str)})
+        return (f"dry run: nothing starts; the figures are drawn from {len(df)} stored run(s), "
+                f"{len(ok)} ok" + (f" ({'; '.join(made)})" if made else ""))
+
+    def header(self) -> str:
+        """One markdown line: what this notebook runs and where its results go (a path
+        relative to the project, so a shared report shows no machine's layout)."""
+        p = self.params
+        if p.figures_only:
+            return (f"**Experiment** `{p.experiment}` — model `{p.model}`, figures only: no "
+                    f"engine starts. Results: `{config.display_path(self.sweep.store.root)}`")
+        return (f"**Experiment** `{p.experiment}` — model `{p.model}`, "
+                f"{len(p.engine_grid)} engine config(s) × {len(p.load.users)} load point(s) "
+                f"× {p.repeats} repeat(s). Results: "
+                f"`{config.display_path(self.sweep.store.root)}`")
+
+    def run(self) -> SweepResult | None:
+        """Run (or resume) the sweep. In a dry run, print the plan and start nothing."""
+        if self.dry_run:
+            print(self.stored())
+            return None
+        self.result = self.sweep.run()
+        r = self.result
+        print(f"{r.ok} run(s) ok, {r.failed} not ok, {r.skipped} already done "
+              f"→ {config.display_path(self.sweep.store.root)}")
+        return r
+
+    def table(self) -> pd.DataFrame:
+        return self.sweep.store.table()
+
+    def ok(self) -> pd.DataFrame:
+        return ok_rows(self.table())
+
+    def startup_facts(self) -> pd.DataFrame:
+        """Fig 1.1: one row per engine config that started."""
+        return startup_facts(self.table())
+
+    def start_phases(self) -> pd.DataFrame:
+        """One row per engine start: where its time went, phase by phase (start_phases)."""
+        from tunebook.servers.start_phases import phases_frame
+
+        root = self.sweep.store.root
+        return phases_frame(list(self.sweep.store.records()), root)
+
+    def show_start_phases(self) -> None:
+        """The start-up chart (stacked phases per engine start) and its table (seconds), or a
+        line saying why not."""
+        from IPython.display import Markdown, display
+
+        from tunebook.charts import plots as charts
+        from tunebook.servers.start_phases import PHASES
+
+        frame = self.start_phases()
+        c = charts.start_phases(frame)
+        if c is None:
+            display(Markdown("No engine start is stored for this experiment."))
+            return
+        display(c)
+        cols = ["engine_label", *[f"start_{p}_s" for p in PHASES if f"start_{p}_s" in frame
+                                  and frame[f"start_{p}_s"].notna().any()],
+                "startup_s", "compile_cache"]
+        display(frame[cols].rename(columns=lambda c: c.removeprefix("start_")).round(1))
+
+    def failures(self) -> pd.DataFrame:
+        """Every run that is not ok, with the line that explains it and what to change."""
+        df = self.table()
+        cols = ["engine_label", "max_concurrency", "status", "error", "error_line", "error_hint"]
+        return not_ok_rows(df)[cols].reset_index(drop=True)
+
+    # -- the manual's figures -------------------------------------------------------------------
+    def evidence(self) -> claims.Evidence:
+        return claims.load_evidence(self.sweep.store.root)
+
+    def figure(self, fig: str, ev: claims.Evidence | None = None) -> None:
+        """Display Fig ``fig``: the verdict line, then the measured chart beside the manual's
+        claim — or only the verdict when the figure cannot run on this machine."""
+        from IPython.display import Markdown, display
+
+        ev = ev or self.evidence()
+        claim = figures.verdict(ev, fig)
+        display(Markdown(figures.verdict_markdown(claim)))
+        c = figures.chart(ev, fig, claim)
+        if c is not None:
+            display(c)
+
+    def figures(self) -> None:
+        """Every figure the params target, each under its title and narrative."""
+        from IPython.display import Markdown, display
+
+        ev = self.evidence()
+        for fig in self.params.figures:
+            unit = figures.get(fig)
+            display(Markdown(f"### Fig {fig} — {unit.title}\n{unit.narrative}"))
+            self.figure(fig, ev)
+
+    def claims(self) -> pd.DataFrame:
+        """The claims table of this experiment (see tunebook.present.claims)."""
+        return claims.evaluate([self.sweep.store.root])
+
+    def show_claims(self) -> None:
+        from IPython.display import HTML, display
+
+        display(HTML(claims.to_html(self.claims(), title=f"Claims: {self.params.experiment}",
+                                    fragment=True)))
+
+    def summary(self) -> pd.DataFrame:
+        """The headline numbers per engine config and load point."""
+        cols = ["engine_label", "max_concurrency", "request_rate", "output_tok_s",
+                "output_tok_s_per_user", "median_ttft_ms", "median_tpot_ms", "p99_itl_ms",
+                "completed", "failed_requests"]
+        return self.ok()[cols].reset_index(drop=True)
+
+
+def open(params_file: str | Path, overrides: dict[str, Any] | None = None,  # noqa: A001
+         outputs: str | Path = "../outputs", dry_run: bool = False,
+         progress: bool = True) -> Workbook:
+    params = P.load(params_file, overrides or {})
+    report.enable_offline_charts()
+    sweep = Sweep(params, Path(outputs).resolve(), SweepOptions(
+        progress=progress, on_finish=index.rebuild))
+    return Workbook(params, sweep, dry_run=dry_run)
+
+
+def search(params_file: str | Path, overrides: dict[str, Any] | None = None,
+           outputs: str | Path = "../outputs", dry_run: bool = False,
+           progress: bool = True) -> dict | None:
+    """What notebooks/20_slo calls: the search (resuming every stored point), or in a dry run
+    the newest stored summary, for replotting without an engine."""
+    from tunebook.inputs import slo
+    from tunebook.search import tune
+
+    params = P.load(params_file, overrides or {})
+    report.enable_offline_charts()
+    if not params.slo or not params.search:
+        raise ValueError(f"{params_file}: no slo/search section: nothing to search")
+    print(tune.describe(params, Path(outputs).resolve()))
+    if dry_run:
+        out = tune.stored(Path(outputs).resolve(), params.experiment)
+        print("dry run: nothing starts; " + ("the newest stored search:" if out else
+                                            "no search is stored yet"))
+        now = slo.parse_search(params.search, params.load.users).to_dict()
+        if out and out.get("search") and out["search"] != now:  # the params changed since
+            changed = {k: out["search"].get(k) for k in sorted(set(now) | set(out["search"]))
+                       if out["search"].get(k) != now.get(k)}
+            print(f"  (it ran with {changed}: the params have changed since)")
+    else:
+        _, out = tune.tune(params, Path(outputs).resolve(), progress)
+    if out:
+        print(tune.report_text(out))
+    return out

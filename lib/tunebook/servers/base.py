@@ -1,0 +1,217 @@
+"""What every server kind shares: the `Server` protocol the measuring code talks to, the options
+a load point asks of a server, the API key, loopback ports and HTTP, and the errors.
+
+A server is one thing the benchmark client sends requests to: a vLLM engine
+(tunebook.servers.vllm), an SGLang engine (tunebook.servers.sglang), or a prefill engine, a
+decode engine and a proxy (tunebook.servers.disagg). tunebook.servers.kinds picks one for an
+engine config; nothing in tunebook.measure asks which kind it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from tunebook.core import config
+from tunebook.servers.start_phases import StartPhases
+from tunebook.servers.startup import Diagnosis, StartupFacts
+
+HOST = "127.0.0.1"  # every server tunebook starts listens on loopback only
+SERVED_NAME = "tunebook-model"
+API_KEY_FILE = "api_key"
+# Set by tunebook.measure.executors.ray_cluster for the sweep a Ray task runs: Ray kills a task's
+# child processes
+# with SIGKILL when its driver dies, and an engine in its own session would outlive them.
+DIE_WITH_PARENT_ENV = "TUNEBOOK_ENGINE_DIES_WITH_PARENT"
+
+
+class EngineStartError(RuntimeError):
+    def __init__(self, diagnosis: Diagnosis, log_path: Path, log_tail: str):
+        self.diagnosis = diagnosis
+        self.log_path = log_path
+        self.log_tail = log_tail
+        super().__init__(
+            f"{diagnosis.error}\n  log line: {diagnosis.line}\n  fix: {diagnosis.hint}\n"
+            f"  full log: {log_path}"
+        )
+
+
+class EngineRequestError(RuntimeError):
+    """A request to the engine's HTTP API failed (status, or no answer)."""
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How the server is started beyond its knobs: what load points need from it, not what is
+    measured (so not part of the engine config's id). A kept engine serves a later sweep only
+    if it was started with at least the options that sweep needs."""
+
+    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: POST /reset_prefix_cache exists
+    prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
+
+    def covers(self, need: ServerOptions) -> bool:
+        return (self.dev_mode or not need.dev_mode) and \
+            (self.prompt_tokens_details or not need.prompt_tokens_details)
+
+    def union(self, other: ServerOptions) -> ServerOptions:
+        """Options that cover both."""
+        return ServerOptions(self.dev_mode or other.dev_mode,
+                             self.prompt_tokens_details or other.prompt_tokens_details)
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    ok: bool
+    attempts: int
+    detail: str  # what the server said, e.g. '{"success": false}' or 'HTTP 404'
+
+
+class PointWatch(Protocol):
+    """What a server watches over one load point beyond /metrics (a pair: the KV that crossed
+    from its prefill to its decode engine): `end()` gives the row's columns and the sections
+    it adds to the run's record."""
+
+    def end(self) -> tuple[dict[str, Any], dict[str, Any]]: ...
+
+
+class NoWatch:
+    """A server with nothing to watch per point beyond /metrics."""
+
+    def end(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return {}, {}
+
+
+class Server(Protocol):
+    """What tunebook.measure needs of a server, whatever its kind."""
+
+    options: ServerOptions
+    api_key: str
+    log_path: Path
+    facts: StartupFacts | None
+    phases: StartPhases | None  # where the start's time went (start_phases)
+    startup_s: float | None
+    # Engines started at the same time on this machine (one's own included): more than one
+    # makes startup_s a time under contention, not this config's own.
+    started_together: int
+    engines: int  # engine processes it starts (a prefill/decode pair: 2)
+
+    @property
+    def base_url(self) -> str: ...
+
+    def start(self, on_phase: Callable[[str, float], None] | None = None) -> StartupFacts: ...
+
+    def stop(self) -> None: ...
+
+    def alive(self) -> bool: ...
+
+    def exit_code(self) -> int | None:
+        """The exit code of the process that ended it (None while it runs)."""
+
+    def metrics_text(self, timeout_s: float = 5.0) -> str: ...
+
+    def request(self, method: str, path: str, body: Any = None,
+                timeout_s: float = 10.0) -> tuple[int, bytes]: ...
+
+    def reset_prefix_cache(self, attempts: int = 5, wait_s: float = 0.5) -> ResetResult: ...
+
+    def watch_point(self) -> PointWatch:
+        """Called before each load point (may raise EngineRequestError)."""
+
+    def log_offsets(self) -> dict[str, int]: ...
+
+    def log_tail(self, n: int = 40, text: str | None = None) -> str: ...
+
+    def row(self) -> dict[str, Any]:
+        """The result row's columns about this server: start-up facts, phases, start time."""
+
+    def record(self, root: Path) -> dict[str, Any]:
+        """The run record's `engine` section (argv, log relative to `root`, process tree): no
+        secret and no machine path."""
+
+
+def api_key() -> str:
+    """The API key tunebook's engines require: random, made once per user and kept in the
+    state folder (mode 0600). Not a fresh one per engine: vLLM 0.26 puts VLLM_API_KEY among
+    the variables it hashes into torch.compile's cache key (vllm.envs.compile_factors; 0.32
+    leaves it out), so a new key made every start compile from scratch — 30-40 s per start
+    on the H200 (docs/start-phases.md)."""
+    path = config.state_dir() / API_KEY_FILE
+    try:
+        key = path.read_text().strip()
+        if len(key) >= 32 and (path.stat().st_mode & 0o077) == 0:
+            return key
+    except OSError:
+        pass
+    key = secrets.token_urlsafe(24)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{API_KEY_FILE}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key)
+        os.replace(tmp, path)
+    except OSError:  # a read-only home: this process's engines share a key, nothing is kept
+        pass
+    return key
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    """Could a new server listen on this port? (SO_REUSEADDR, as uvicorn sets: connections
+    left in TIME_WAIT by the last server do not count as taken.)"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+            s.listen(1)
+        except OSError:
+            return False
+        return True
+
+
+def http_request(base_url: str, api_key: str, method: str, path: str, body: Any = None,
+                 timeout_s: float = 10.0) -> tuple[int, bytes]:
+    """One HTTP request to a server of ours (an engine, a disaggregated pair's proxy) with its
+    API key; (status, body). A non-2xx status is returned, not raised; no answer at all raises
+    EngineRequestError."""
+    headers = {"Authorization": f"Bearer {api_key}"}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(f"{base_url}{path}", data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise EngineRequestError(f"{method} {path}: no answer ({reason})") from None
+
+
+def portable_argv(argv: list[str]) -> list[str]:
+    """An engine's command line as stored with its runs: the model cache's path becomes
+    `$TUNEBOOK_CACHE` (shared reports carry no machine paths; a folder's name keeps its preset
+    and content hash)."""
+    cache = config.model_cache_dir().expanduser()
+    roots = sorted({str(cache), str(cache.resolve())}, key=len, reverse=True)
+    out = []
+    for a in argv:  # also inside an argument (a draft's folder in --speculative-config's JSON)
+        for root in roots:
+            a = a.replace(root, f"${config.CACHE_ENV}")
+        out.append(a)
+    return out

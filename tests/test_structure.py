@@ -1,0 +1,112 @@
+"""The package's shape: folders in pipeline order with every arrow pointing down, seams instead
+of flags in the measuring code, and constructors that take few arguments.
+
+- Layers: a module imports only from its own folder or a folder below it in LAYERS (late
+  imports inside functions count; `if TYPE_CHECKING:` ones do not: they never run). Data flows
+  one way: core -> models -> servers -> inputs -> results -> measure -> search -> charts ->
+  figures -> present -> the command line.
+- Seams: nothing under measure/ names a server class or asks a config which kind it is; one
+  place (tunebook.servers.kinds.server_for) picks the server, and the Server protocol is all
+  the measuring code knows.
+- Constructors: no `__init__` in lib/tunebook takes more than 6 parameters besides self
+  (options are grouped in a dataclass).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from test_imports import PKG, graph, modules
+
+LAYERS = ("core", "models", "servers", "inputs", "results", "measure", "search", "charts",
+          "figures", "present", "")  # "": the package's own top level (cli, vllm_hooks)
+MAX_INIT_PARAMS = 6
+# what would let measuring code branch on a server's kind
+SERVER_MODULES = {"tunebook.servers.vllm", "tunebook.servers.sglang", "tunebook.servers.disagg",
+                  "tunebook.servers.process"}
+KIND_CLASS = re.compile(r"\b(Engine|DisaggPair|SGLangServer|ProcessServer|Server)\b")
+KIND_OBJECT = re.compile(r"(engine|server|pair)", re.I)
+SERVER_NAMES = {"Engine", "SGLangServer", "DisaggPair", "ProcessServer", "is_pair", "kind_of",
+                "VLLM", "SGLANG"}
+
+
+def folder(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else ""
+
+
+def rank(module: str) -> int:
+    return LAYERS.index(folder(module))
+
+
+def test_every_module_lives_in_a_known_folder() -> None:
+    stray = [m for m in modules() if folder(m) not in LAYERS]
+    assert not stray, f"modules outside the layers {LAYERS}: {stray}"
+    top = sorted(m for m in modules() if folder(m) == "" and m != "tunebook")
+    # the command line, and the scheduler vLLM imports by the dotted path params files name
+    assert top == ["tunebook.cli", "tunebook.vllm_hooks"], top
+
+
+def test_no_arrow_runs_back_up() -> None:
+    g = graph()
+    up = [f"{a} imports {b} (line {line}): {folder(a) or 'top'} is below {folder(b) or 'top'}"
+          for a, targets in g.items() for b, line in targets.items() if rank(b) > rank(a)]
+    assert not up, "imports that run back up the pipeline:\n  " + "\n  ".join(up)
+
+
+def _server_kind_names(path: Path) -> set[str]:
+    """Names of server kinds a module uses, and server modules it imports."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in SERVER_NAMES:
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute) and node.attr in SERVER_NAMES:
+            out.add(node.attr)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.update(f"{node.module}.{a.name}" for a in node.names
+                       if f"{node.module}.{a.name}" in SERVER_MODULES)
+            if node.module in SERVER_MODULES:
+                out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in SERVER_MODULES)
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance":
+            if KIND_CLASS.search(ast.unparse(node.args[1])):  # isinstance(x, DisaggPair)
+                out.add(ast.unparse(node))
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr",
+                                                                             "hasattr"):
+            if KIND_OBJECT.search(ast.unparse(node.args[0])):  # getattr(engine, "phases")
+                out.add(ast.unparse(node))
+    return out
+
+
+def test_the_measuring_code_knows_servers_only_through_their_protocol() -> None:
+    measuring = [p for m, p in modules().items() if folder(m) == "measure"]
+    assert len(measuring) >= 8
+    named = {str(p.relative_to(PKG)): sorted(_server_kind_names(p)) for p in measuring}
+    leaks = {k: v for k, v in named.items() if v}
+    assert not leaks, f"measure/ names server kinds (use servers.kinds.server_for): {leaks}"
+
+
+def test_no_constructor_takes_more_than_six_parameters() -> None:
+    wide = []
+    for m, path in modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            for f in cls.body:
+                if isinstance(f, ast.FunctionDef) and f.name == "__init__":
+                    a = f.args
+                    n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) - 1
+                    passthrough = n == 0 and a.vararg and a.kwarg  # a subclass of vLLM's
+                    if n > MAX_INIT_PARAMS or (not passthrough and (a.kwarg or a.vararg)):
+                        wide.append(f"{m}.{cls.name}: {n} parameters")
+    assert not wide, "constructors over 6 parameters (group options in a dataclass): " + \
+        ", ".join(wide)
+
+
+def test_the_sweep_loop_is_short() -> None:
+    """The loop that measures each config's runs on a supplied server: under 150 lines."""
+    loop = PKG / "measure" / "executors" / "local.py"
+    assert len(loop.read_text().splitlines()) < 150
