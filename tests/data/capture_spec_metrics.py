@@ -1,4 +1,4 @@
-"""Capture the speculative-decoding fixtures of tests/test_metrics.py from a real engine.
+"""Capture the speculative-decoding fixtures of tests/servers/test_metrics.py from a real engine.
 
     flock /work/notes/engine.lock env PYTHONPATH=$PWD/lib \
         .venv/bin/python tests/data/capture_spec_metrics.py tests/data

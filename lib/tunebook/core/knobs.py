@@ -2,7 +2,7 @@
 tuning panel offers.
 
 `tunebook.inputs.params` validates with it, `tunebook.servers.vllm` renders flags with it,
-`tunebook.present.panel` builds its widgets from it. tests/test_knobs.py checks the table
+`tunebook.present.panel` builds its widgets from it. tests/core/test_knobs.py checks the table
 against vLLM 0.32's own argument parser (recorded in tests/data/vllm-0.32-serve-args.json:
 importing vLLM takes ~10 s) and that every value the panel offers passes params.
 

@@ -2,10 +2,10 @@
 ipywidgets, press Run, watch progress and the chart grow point by point.
 
 Replayable by construction: the widgets only ever edit a params mapping (`to_dict()`), which is
-validated by `tunebook.inputs.params.parse` and run by the same `Sweep` as `tunebook run`. Every run
-records that mapping under `<outputs>/<experiment>/inputs/`, and "Save as params" writes it as a
-YAML file whose plan equals the panel's (see tests/test_panel.py). No state lives in the widgets
-that the params file does not hold.
+validated by `tunebook.inputs.params.parse` and run by the same `Sweep` as `tunebook run`.
+Every run records that mapping under `<outputs>/<experiment>/inputs/`, and "Save as params"
+writes it as a YAML file whose plan equals the panel's (see tests/present/test_panel.py). No
+state lives in the widgets that the params file does not hold.
 
 The engine stays up while only load settings change (an `EngineKeeper`); changing an engine
 knob, the model or engine_env restarts it on the next Run. "Stop engine" (or the kernel's

@@ -1,0 +1,94 @@
+"""Shared reports open offline: headless Chromium (Debian's package, through selenium) with
+the network off loads each page and counts the charts that actually rendered."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import altair as alt
+import pandas as pd
+import pytest
+
+from tunebook.present import browser, compare, index, report
+
+REPO = Path(__file__).resolve().parents[2]
+
+if browser.find_chromium() is None:
+    # CI installs chromium (.ci/run) and sets TUNEBOOK_REQUIRE_BROWSER: there a skip is a failure
+    if os.environ.get("TUNEBOOK_REQUIRE_BROWSER"):
+        raise RuntimeError("chromium/chromedriver missing but TUNEBOOK_REQUIRE_BROWSER is set")
+    pytest.skip("needs chromium and chromedriver (apt-get install chromium chromium-driver)",
+                allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def drv():
+    with browser.chromium(offline=True) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def experiments(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Copies of committed CPU and H200 experiments, their reports rendered afresh by this
+    checkout's code (so the test checks today's renderer, not yesterday's file)."""
+    root = tmp_path_factory.mktemp("outputs")
+    for machine in ("cpu", "h200"):
+        dst = root / machine / "ch01"
+        shutil.copytree(REPO / "outputs" / machine / "ch01", dst)
+        (dst / "report.html").unlink()
+        report.to_html(report.latest_notebook(dst))
+    index.write(root)
+    return root
+
+
+def test_network_is_really_off(drv) -> None:
+    with pytest.raises(Exception, match="ERR_INTERNET_DISCONNECTED|ERR_NAME_NOT|ERR_PROXY"):
+        drv.get("https://example.com/")
+
+
+def test_rendered_notebook_charts_show_offline(drv, experiments: Path) -> None:
+    for machine in ("cpu", "h200"):
+        page = experiments / machine / "ch01" / "report.html"
+        r = browser.rendered(drv, page)
+        assert r.remote == [], r
+        # Fig 1.1 table, Fig 1.2 process tree, Fig 1.3 beside the manual, latency percentiles
+        assert r.images >= 4 and r.images_ok == r.images, r
+
+
+def test_comparison_page_draws_offline(drv, experiments: Path, tmp_path: Path) -> None:
+    out = compare.write([experiments / "cpu" / "ch01", experiments / "h200" / "ch01"],
+                        tmp_path / "cmp.html")
+    r = browser.rendered(drv, out, settle_s=3.0)
+    assert r.remote == [] and r.svgs + r.canvases >= 1, r
+
+
+def test_index_links_open(drv, experiments: Path) -> None:
+    drv.get((experiments / "index.html").as_uri())
+    links = [a.get_attribute("href") for a in drv.find_elements("css selector", "a")]
+    reports = [u for u in links if u.endswith("/report.html")]
+    assert len(reports) == 2
+    assert browser.rendered(drv, reports[0]).images_ok >= 4
+
+
+def test_the_check_fails_for_a_page_that_needs_the_network(drv, tmp_path: Path) -> None:
+    """Control: altair's default HTML loads vega from a CDN; offline it draws nothing."""
+    chart = alt.Chart(pd.DataFrame({"x": [1, 2], "y": [3, 4]})).mark_line().encode(x="x", y="y")
+    page = tmp_path / "cdn.html"
+    page.write_text(chart.to_html())  # not inline: <script src="https://cdn.jsdelivr.net/...">
+    r = browser.rendered(drv, page)
+    assert r.charts == 0
+
+
+# Chapters 6–8 (issue 13): their committed reports, as rendered by `tunebook run`, open
+# offline with every chart decoded (widgets and vega from the page itself, nothing fetched).
+CHAPTER_REPORTS = sorted(str(p.relative_to(REPO / "outputs"))
+                         for p in (REPO / "outputs").glob("*/ch0[678]*/report.html"))
+
+
+@pytest.mark.parametrize("page", CHAPTER_REPORTS)
+def test_chapter_reports_render_offline(drv, page: str) -> None:
+    r = browser.rendered(drv, REPO / "outputs" / page)
+    assert r.remote == [], r
+    assert r.images >= 1 and r.images_ok == r.images, r
