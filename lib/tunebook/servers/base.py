@@ -137,6 +137,42 @@ class Server(Protocol):
         secret and no machine path."""
 
 
+class ServerBase:
+    """What every server class shares: `with` starts and stops it, its loopback URL, and the
+    row columns its start gives (start-up facts, phases, start time)."""
+
+    port: int | None = None
+    facts: StartupFacts | None = None
+    phases: StartPhases | None = None
+    startup_s: float | None = None
+    started_together = 1
+    engines = 1  # engine processes it starts (a prefill/decode pair: 2)
+    disaggregated = False  # the row's column: a prefill/decode pair says True
+
+    def start(self, on_phase: Callable[[str, float], None] | None = None) -> StartupFacts:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> ServerBase:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def row(self) -> dict[str, Any]:
+        return {**(self.facts.as_row() if self.facts else {}),
+                **(self.phases.as_row() if self.phases else {}),
+                "startup_s": self.startup_s, "engines_started_together": self.started_together,
+                "disaggregated": self.disaggregated}
+
+
 def api_key() -> str:
     """The API key tunebook's engines require: random, made once per user and kept in the
     state folder (mode 0600). Not a fresh one per engine: vLLM 0.26 puts VLLM_API_KEY among

@@ -57,10 +57,10 @@ import psutil
 from tunebook.models.presets import ModelRef, UnsupportedLayoutError, kv_bytes_per_token
 from tunebook.servers import metrics as engine_metrics
 from tunebook.servers.base import (
-    HOST,
     EngineRequestError,
     EngineStartError,
     ResetResult,
+    ServerBase,
     ServerOptions,
     api_key,
     free_port,
@@ -275,12 +275,13 @@ def _median(xs: list[float]) -> float | None:
     return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
 
 
-class DisaggPair:
+class DisaggPair(ServerBase):
     """A prefill engine, a decode engine and the proxy in front: a tunebook.servers.base.Server
     (start/stop/alive, base_url, api_key, metrics, prefix-cache reset, logs, facts), whose
     per-point watch counts the KV that crossed between its engines."""
 
     engines = 2  # started_together counts both
+    disaggregated = True
 
     def __init__(self, model: ModelRef, knobs: Mapping[str, Any], env: dict[str, str] | None,
                  log_path: Path | str, startup_timeout_s: float = 900.0,
@@ -329,20 +330,9 @@ class DisaggPair:
         return self.roles["decode"]
 
     # -- lifecycle --------------------------------------------------------------------------
-    def __enter__(self) -> DisaggPair:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
     @property
     def argv(self) -> list[str]:
-        """The decode engine's command line (the record keeps both: `record()`)."""
+        """The decode engine's command line (the record keeps both: `pair_record()`)."""
         return self.decode.shown_argv
 
     @property
@@ -559,13 +549,6 @@ class DisaggPair:
         record = {"proxy": stats, "decode_log_hit_lines": text.count(HIT_LINE),
                   "decode_loads": len(loads), "external_prefix_cache_hits": hits}
         return row, record
-
-    def row(self) -> dict[str, Any]:
-        """The decode engine's facts and phases, the pair's start."""
-        return {**(self.facts.as_row() if self.facts else {}),
-                **(self.phases.as_row() if self.phases else {}),
-                "startup_s": self.startup_s, "engines_started_together": self.started_together,
-                "disaggregated": True}
 
     def record(self, root: Path) -> dict[str, Any]:
         """The run record's engine section: the decode engine's argv and log, the pair's."""

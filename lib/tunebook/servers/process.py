@@ -37,12 +37,12 @@ from tunebook.models.presets import ModelRef, weights_gib_estimate
 from tunebook.servers import compile_cache
 from tunebook.servers.base import (
     DIE_WITH_PARENT_ENV,
-    HOST,
     EngineRequestError,
     EngineStartError,
     NoWatch,
     PointWatch,
     ResetResult,
+    ServerBase,
     ServerOptions,
     api_key,
     free_port,
@@ -188,7 +188,7 @@ def _stop_all() -> None:
         eng.stop()
 
 
-class ProcessServer(ABC):
+class ProcessServer(ServerBase, ABC):
     """One engine server as a child process group (a tunebook.servers.base.Server). A kind
     says its command line (`build_argv`), how it reads its start-up log (`parse_facts`) and how
     it resets its prefix cache; the rest is here. Use as a context manager, or call
@@ -217,22 +217,10 @@ class ProcessServer(ABC):
         # Engines started at the same time on this machine (Sweep's start_together): more
         # than one makes startup_s a time under contention, not this config's own.
         self.started_together = 1
-        self.engines = 1
         self.process_tree: list[dict[str, Any]] = []
         self._pidfile: _PidFile | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
-    def __enter__(self) -> ProcessServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
     @property
     def argv(self) -> list[str]:
         return self.build_argv(self.port or 0)
@@ -412,12 +400,6 @@ class ProcessServer(ABC):
         return NoWatch()
 
     # -- reading ----------------------------------------------------------------------------
-    def row(self) -> dict[str, Any]:
-        return {**(self.facts.as_row() if self.facts else {}),
-                **(self.phases.as_row() if self.phases else {}),
-                "startup_s": self.startup_s, "engines_started_together": self.started_together,
-                "disaggregated": False}
-
     def record(self, root: Path) -> dict[str, Any]:
         # no secrets in argv (the key is in the environment), and no machine paths: the model
         # folder is named relative to the model cache
