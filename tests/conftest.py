@@ -14,8 +14,8 @@
   `@pytest.mark.replot(name)`. A replot is ~10 s of one core (a notebook kernel and its
   imports); the suite without engines keeps the other core idle, so they run there meanwhile.
 - Engine tests run after all the others, replot users just before them (same order otherwise):
-  quick failures come first and the background replots overlap the quick tests. The last
-  engine test (the panel's) stops the shared engine.
+  quick failures come first and the background replots overlap the quick tests. The test
+  marked `stops_shared_engine` (the panel's) runs last of all and stops the shared engine.
 """
 
 from __future__ import annotations
@@ -177,12 +177,17 @@ class Replot:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "replot(name): uses the background replot `name` (see conftest.REPLOTS)")
+    config.addinivalue_line(
+        "markers", "stops_shared_engine: ends by stopping the session's shared engine, so it "
+                   "runs last (another test after it would start the engine again)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Replot users after the other quick tests (their replots have had time to finish),
     engine tests last; each group in its own order (a stable sort)."""
     def group(item: pytest.Item) -> int:
+        if item.get_closest_marker("stops_shared_engine"):
+            return 3  # after every other engine test, wherever its file sorts
         if item.get_closest_marker("engine"):
             return 2
         return 1 if item.get_closest_marker("replot") else 0

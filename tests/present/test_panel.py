@@ -107,6 +107,7 @@ def test_set_edits_like_widgets(tmp_path: Path) -> None:
 
 
 @pytest.mark.engine
+@pytest.mark.stops_shared_engine
 def test_engine_stays_up_while_only_load_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  shared_engine: SharedEngine) -> None:
     """The panel's keeper is the session's: its engine (tune.yaml's config) is already up, as
