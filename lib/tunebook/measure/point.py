@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,8 +152,24 @@ def exited(server: Server, grace_s: float = 2.0) -> bool:
     return True
 
 
-def _first_error(res: dict) -> str | None:
-    return next((e for e in res.get("errors", []) if e), None)
+def _said(error: str) -> str:
+    """What a failed request died of: the last line of its traceback ("Type: message"), or
+    the server's own words (vLLM's client stores a traceback, or a reason like 'Bad Request')."""
+    lines = [ln.strip() for ln in error.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else error.strip()
+
+
+def error_summary(res: dict) -> str | None:
+    """The failed requests of a run in a few words: the first one's exception and message,
+    and, when they died of several things, how many of each (`2x ServerDisconnectedError,
+    1x TimeoutError`). None when no request failed; the tracebacks stay in the run's JSON."""
+    said = [_said(e) for e in res.get("errors", []) if e]
+    if not said:
+        return None
+    kinds = Counter(s.split(":", 1)[0].rsplit(".", 1)[-1] for s in said)
+    if len(kinds) == 1:
+        return said[0]
+    return said[0] + " (" + ", ".join(f"{n}x {k}" for k, n in kinds.most_common()) + ")"
 
 
 def measure(server: Server, run: PlannedRun, ctx: PointContext) -> Measured:
@@ -226,12 +243,12 @@ def measure(server: Server, run: PlannedRun, ctx: PointContext) -> Measured:
                           "bench_output": printed[-4000:]})
         if not out.metrics.get("completed"):
             out.status = schema.STATUS_FAILED
-            out.error = _first_error(res) or "no request completed"
+            out.error = (error_summary(res) or "no request completed")[:500]
         elif out.metrics.get("failed_requests"):
             # vLLM's metrics leave failed requests out: the numbers would flatter this run.
             out.status = schema.STATUS_FAILED
             out.error = (f"{out.metrics['failed_requests']} request(s) failed: "
-                         f"{_first_error(res)}")[:500]
+                         f"{error_summary(res)}")[:500]
     if not server.alive() or (out.status != schema.STATUS_OK and exited(server)):
         out.status, out.error = schema.STATUS_INTERRUPTED, "engine exited during the run"
     return Measured(record_of(run, server, ctx, out))

@@ -470,17 +470,30 @@ def resolve_model(spec: str, root: Path | None = None) -> ModelRef:
         path = build_model_dir(spec, root)
         load_format = "auto" if real_weights(spec) else "dummy"
         return ModelRef(spec, str(path), str(path), load_format, spec, _read_config(path))
-    if not spec.strip():
-        raise _not_found(spec, "the spec is empty")
+    why = spec_problem(spec)
+    if why:
+        raise _not_found(spec, why)
     local = Path(spec).expanduser()
     if local.is_dir():
-        if not (local / "config.json").is_file():
-            raise _not_found(spec, f"the folder {local} has no config.json")
         path = local.resolve()
         return ModelRef(spec, str(path), str(path), "auto", None, _read_config(path))
+    return ModelRef(spec, spec, spec, "auto")  # a hub id
+
+
+def spec_problem(spec: str) -> str | None:
+    """Why `spec` names no model (None: a preset, a local folder with config.json, or a hub
+    id). Reads only: params asks it of a draft model before anything is built or started."""
+    if spec in PRESETS:
+        return None
+    if not spec.strip():
+        return "the spec is empty"
+    local = Path(spec).expanduser()
+    if local.is_dir():
+        return None if (local / "config.json").is_file() else \
+            f"the folder {local} has no config.json"
     if _HUB_ID.fullmatch(spec):
-        return ModelRef(spec, spec, spec, "auto")
-    raise _not_found(spec, f"it is not a preset, there is no folder {local}, nor is it a hub id")
+        return None
+    return f"it is not a preset, there is no folder {local}, nor is it a hub id"
 
 
 # The config keys vLLM derives its default max_model_len from (the smallest one present wins;

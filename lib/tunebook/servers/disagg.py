@@ -57,6 +57,7 @@ import psutil
 from tunebook.models.presets import ModelRef, UnsupportedLayoutError, kv_bytes_per_token
 from tunebook.servers import metrics as engine_metrics
 from tunebook.servers.base import (
+    KEEP_ALIVE_S,
     EngineRequestError,
     EngineStartError,
     ResetResult,
@@ -282,6 +283,7 @@ class DisaggPair(ServerBase):
 
     engines = 2  # started_together counts both
     disaggregated = True
+    keep_alive_s = KEEP_ALIVE_S  # the proxy's (tunebook.servers.disagg_proxy), which clients see
 
     def __init__(self, model: ModelRef, knobs: Mapping[str, Any], env: dict[str, str] | None,
                  log_path: Path | str, startup_timeout_s: float = 900.0,
@@ -428,7 +430,8 @@ class DisaggPair(ServerBase):
         env["PYTHONPATH"] = os.pathsep.join(x for x in (str(LIB), env.get("PYTHONPATH")) if x)
         argv = [self.python, "-m", PROXY_MODULE, "--port", str(self.port),
                 "--prefill", self.prefill.base_url, "--decode", self.decode.base_url,
-                "--store", str(self.store), "--parent-pid", str(os.getpid())]
+                "--store", str(self.store), "--parent-pid", str(os.getpid()),
+                "--keep-alive-s", f"{self.keep_alive_s:g}"]
         self.proxy_log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.proxy_log_path, "ab") as log:
             self.proxy = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,

@@ -354,6 +354,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--decode", required=True, help="the decode engine's base URL")
     ap.add_argument("--store", default="", help="the connector's storage folder")
     ap.add_argument("--mode", choices=("disagg", "passthrough"), default="disagg")
+    # idle client connections outlive the client's own keep-alive (servers.base.KEEP_ALIVE_S)
+    ap.add_argument("--keep-alive-s", type=float, default=75.0,
+                    help="seconds an idle client connection stays open (aiohttp's default)")
     ap.add_argument("--parent-pid", type=int, default=0,
                     help="exit when this process is gone (a killed kernel leaves no proxy)")
     args = ap.parse_args(argv)
@@ -366,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     log.info("proxy (%s) on %s:%s", args.mode, args.host, args.port)
     # no access log: it would print request lines, and headers are nobody's business
     web.run_app(proxy.app(), host=args.host, port=args.port, access_log=None,
-                print=None, handle_signals=True)
+                print=None, handle_signals=True, keepalive_timeout=args.keep_alive_s)
 
 
 if __name__ == "__main__":

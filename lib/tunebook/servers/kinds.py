@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tunebook.core import knobs as knob_table
-from tunebook.models.presets import ModelRef
+from tunebook.models.presets import ModelRef, spec_problem
 from tunebook.servers import disagg, sglang
 from tunebook.servers.base import Server, ServerOptions
 from tunebook.servers.sglang import SGLangServer
@@ -129,9 +129,15 @@ class VllmKind(ServerKind):
                 out.append(("speculative_config.num_speculative_tokens",
                             "must be a positive integer (tokens drafted per step), got "
                             f"{knob_table.short(n)}"))
-            if method in methods and methods[method].needs_draft_model and not spec.get("model"):
+            draft = spec.get("model")
+            if method in methods and methods[method].needs_draft_model and not draft:
                 out.append(("speculative_config.model",
                             f"method {method!r} needs a draft model (a hub id or local folder)"))
+            why = spec_problem(draft) if isinstance(draft, str) and draft else None
+            if why:
+                out.append(("speculative_config.model", f"{draft!r} is no draft model: {why} "
+                                                        "(a preset, a local folder with "
+                                                        "config.json, or a hub id)"))
         return out + _shared_problems(knobs, together)
 
     def serve_lines(self, model: str, knobs: Mapping[str, Any]) -> list[str]:

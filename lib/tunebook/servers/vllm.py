@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from tunebook.core import knobs as knob_table
 from tunebook.models.presets import PRESETS, ModelRef, resolve_model
-from tunebook.servers.base import HOST, SERVED_NAME
+from tunebook.servers.base import HOST, KEEP_ALIVE_S, SERVED_NAME
 from tunebook.servers.process import (
     DEV_MODE_ENV,
     RESET_BUSY,
@@ -31,6 +32,7 @@ from tunebook.servers.process import (
 from tunebook.servers.startup import StartupFacts, parse_startup
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+KEEP_ALIVE_ENV = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"  # uvicorn's timeout_keep_alive, seconds
 
 
 def knob_flags(knobs: dict[str, Any]) -> list[str]:
@@ -75,6 +77,13 @@ class Engine(ProcessServer):
 
     def parse_facts(self, log: str) -> StartupFacts:
         return parse_startup(log)
+
+    def kind_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The server's idle keep-alive above its clients' (base.KEEP_ALIVE_S), unless the
+        engine config's engine_env sets one itself."""
+        keep = self.env.get(KEEP_ALIVE_ENV) or f"{KEEP_ALIVE_S:g}"
+        self.keep_alive_s = float(keep)
+        return {KEEP_ALIVE_ENV: keep}
 
     def reset_answer(self, status: int, text: str) -> tuple[str, str]:
         """vLLM answers `{"success": false}` while blocks are still held (a request
