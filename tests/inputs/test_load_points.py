@@ -14,9 +14,8 @@ import pytest
 import yaml
 
 from tunebook.inputs import params as P
-from tunebook.inputs.load import BLOCK_REUSE, LoadPoint
+from tunebook.inputs.load import BLOCK_REUSE, LoadPoint, bench_argv
 from tunebook.inputs.plan import make_plan
-from tunebook.measure.client import bench_argv
 from tunebook.measure.supply import server_options
 from tunebook.results.store import Store
 

@@ -401,7 +401,7 @@ def test_client_failures_mid_run_are_recorded(tmp_path: Path, monkeypatch: pytes
 
     modes = {2: "503", 3: "reset"}
     proxies: list[FaultProxy] = []
-    real_argv = point_mod.bench_argv
+    real_argv = point_mod.bench_argv  # the load point as vLLM's client sends it
 
     def via_proxy(point, base_url, *a, **kw):  # users 2 and 3 go through faults, 1 does not
         mode = modes.get(point.max_concurrency)

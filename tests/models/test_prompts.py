@@ -17,8 +17,7 @@ import pytest
 
 from tunebook.core import config
 from tunebook.inputs import params as P
-from tunebook.inputs.load import DATASETS, LoadPoint
-from tunebook.measure.client import bench_argv
+from tunebook.inputs.load import DATASETS, LoadPoint, bench_argv
 from tunebook.models import prompts
 from tunebook.models.presets import build_model_dir
 

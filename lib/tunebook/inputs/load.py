@@ -1,7 +1,7 @@
 """Load points: what one run sends a server — dataset, users, request rate, lengths, prompts —
-with a stable identity for its run id, and the dataset seed of each run.
-
-tunebook.measure.client turns a point into vLLM's benchmark client's arguments and runs it.
+with a stable identity for its run id, the dataset seed of each run, and the arguments of
+vLLM's benchmark client that send it (`bench_argv`). A new load kind is a dataset here (and its
+params in tunebook.inputs.params); tunebook.measure.client runs whatever arguments it is given.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tunebook.models import prompts
 from tunebook.models.prompts import PROMPT_SETS
 
 # The block-reuse probe of Fig 3.3 (tunebook.measure.probe): two requests per point, not a load.
@@ -70,3 +71,44 @@ def fresh_seed() -> int:
 def point_seed(point: LoadPoint) -> int:
     """The dataset seed of one run: the fixed `load.seed`, else a fresh one."""
     return point.seed if point.seed is not None else fresh_seed()
+
+
+# what vLLM's client reports of each latency
+PERCENTILES = "50,90,99"
+PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
+
+
+def bench_argv(point: LoadPoint, base_url: str, model_name: str, tokenizer: str,
+               seed: int) -> list[str]:
+    """`vllm bench serve` arguments for one load point."""
+    argv = [
+        "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
+        "--model", model_name, "--served-model-name", model_name, "--tokenizer", tokenizer,
+        "--num-prompts", str(point.num_prompts), "--num-warmups", str(point.num_warmups),
+        "--max-concurrency", str(point.max_concurrency),
+        "--request-rate", "inf" if point.request_rate is None else str(point.request_rate),
+        "--seed", str(seed), "--temperature", "0",
+        "--percentile-metrics", PERCENTILE_METRICS, "--metric-percentiles", PERCENTILES,
+        "--save-detailed", "--disable-tqdm", *(["--ignore-eos"] if point.ignore_eos else []),
+        # vLLM's default, pinned: its test request would cache the first measured prompt
+        "--ready-check-timeout-sec", "0",
+    ]
+    if point.dataset in ("random", "random_prefix"):
+        argv += ["--dataset-name", "random", "--random-input-len", str(point.input_len),
+                 "--random-output-len", str(point.output_len),
+                 "--random-prefix-len", str(point.prefix_len)]
+    elif point.dataset == "prefix_repetition":
+        argv += ["--dataset-name", "prefix_repetition",
+                 "--prefix-repetition-prefix-len", str(point.prefix_len),
+                 "--prefix-repetition-suffix-len", str(point.input_len),
+                 "--prefix-repetition-num-prefixes", str(point.num_prefixes),
+                 "--prefix-repetition-output-len", str(point.output_len)]
+    elif point.dataset in PROMPT_DATASETS:
+        # Built for this tokenizer: prompts of at most input_len tokens (chat template
+        # included: vLLM's client applies it), code at least output_len tokens long.
+        path = prompts.dataset_file(point.dataset, tokenizer, point.input_len, point.output_len)
+        argv += ["--dataset-name", "custom", "--dataset-path", str(path),
+                 "--custom-output-len", str(point.output_len)]
+    else:
+        raise ValueError(f"dataset {point.dataset!r} is not one vLLM's client sends")
+    return argv

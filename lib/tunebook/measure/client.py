@@ -32,11 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunebook.core.schema import COLUMN_NAMES
-from tunebook.inputs.load import PROMPT_DATASETS, LoadPoint
-from tunebook.models import prompts
+from tunebook.inputs.load import LoadPoint
 
-PERCENTILES = "50,90,99"
-PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 # vLLM's per-request arrays we keep in each run's JSON (they stay out of the table).
 REQUEST_ARRAYS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
                   "errors")
@@ -49,42 +46,6 @@ _RENAME = {
     "max_output_tokens_per_s": "max_output_tok_s",
 }
 
-
-
-def bench_argv(point: LoadPoint, base_url: str, model_name: str, tokenizer: str,
-               seed: int) -> list[str]:
-    """`vllm bench serve` arguments for one load point."""
-    argv = [
-        "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
-        "--model", model_name, "--served-model-name", model_name, "--tokenizer", tokenizer,
-        "--num-prompts", str(point.num_prompts), "--num-warmups", str(point.num_warmups),
-        "--max-concurrency", str(point.max_concurrency),
-        "--request-rate", "inf" if point.request_rate is None else str(point.request_rate),
-        "--seed", str(seed), "--temperature", "0",
-        "--percentile-metrics", PERCENTILE_METRICS, "--metric-percentiles", PERCENTILES,
-        "--save-detailed", "--disable-tqdm", *(["--ignore-eos"] if point.ignore_eos else []),
-        # vLLM's default, pinned: its test request would cache the first measured prompt
-        "--ready-check-timeout-sec", "0",
-    ]
-    if point.dataset in ("random", "random_prefix"):
-        argv += ["--dataset-name", "random", "--random-input-len", str(point.input_len),
-                 "--random-output-len", str(point.output_len),
-                 "--random-prefix-len", str(point.prefix_len)]
-    elif point.dataset == "prefix_repetition":
-        argv += ["--dataset-name", "prefix_repetition",
-                 "--prefix-repetition-prefix-len", str(point.prefix_len),
-                 "--prefix-repetition-suffix-len", str(point.input_len),
-                 "--prefix-repetition-num-prefixes", str(point.num_prefixes),
-                 "--prefix-repetition-output-len", str(point.output_len)]
-    elif point.dataset in PROMPT_DATASETS:
-        # Built for this tokenizer: prompts of at most input_len tokens (chat template
-        # included: vLLM's client applies it), code at least output_len tokens long.
-        path = prompts.dataset_file(point.dataset, tokenizer, point.input_len, point.output_len)
-        argv += ["--dataset-name", "custom", "--dataset-path", str(path),
-                 "--custom-output-len", str(point.output_len)]
-    else:
-        raise ValueError(f"dataset {point.dataset!r} is not one vLLM's client sends")
-    return argv
 
 
 @contextlib.contextmanager

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from tunebook.core import hardware, schema
-from tunebook.inputs.load import BLOCK_REUSE, PROMPT_DATASETS, point_seed
+from tunebook.inputs.load import BLOCK_REUSE, PROMPT_DATASETS, bench_argv, point_seed
 from tunebook.inputs.params import SweepParams
 from tunebook.inputs.plan import PlannedRun
 from tunebook.measure import probe
-from tunebook.measure.client import ClientCache, bench_argv, metrics_row, request_arrays, run_bench
+from tunebook.measure.client import ClientCache, metrics_row, request_arrays, run_bench
 from tunebook.measure.locks import Terminated
 from tunebook.measure.progress import StepTimes
 from tunebook.models.presets import ModelRef
