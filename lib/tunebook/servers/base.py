@@ -96,6 +96,17 @@ class NoWatch:
         return {}, {}
 
 
+class Checker(Protocol):
+    """What tunebook.inputs.params' validator offers a server kind that checks its own part of
+    params (params asks the kinds; the kinds never import params)."""
+
+    def err(self, key: str, msg: str) -> None: ...
+
+    def knobs(self, data: dict, prefix: str, types: bool = True) -> dict[str, Any]: ...
+
+    def unknown(self, data: dict, allowed: Any, prefix: str) -> None: ...
+
+
 class Server(Protocol):
     """What tunebook.measure needs of a server, whatever its kind."""
 

@@ -50,7 +50,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import psutil
 
@@ -58,6 +58,7 @@ from tunebook.models.presets import ModelRef, UnsupportedLayoutError, kv_bytes_p
 from tunebook.servers import metrics as engine_metrics
 from tunebook.servers.base import (
     KEEP_ALIVE_S,
+    Checker,
     EngineRequestError,
     EngineStartError,
     ResetResult,
@@ -110,17 +111,7 @@ def is_pair(knobs: Mapping[str, Any]) -> bool:
 
 
 # --- params -----------------------------------------------------------------------------------
-class _Checker(Protocol):
-    """What tunebook.inputs.params' validator offers (params imports this, not the reverse)."""
-
-    def err(self, key: str, msg: str) -> None: ...
-
-    def knobs(self, data: dict, prefix: str, types: bool = True) -> dict[str, Any]: ...
-
-    def unknown(self, data: dict, allowed: Any, prefix: str) -> None: ...
-
-
-def check(v: _Checker, raw: Any, key: str) -> dict[str, Any] | None:
+def check(v: Checker, raw: Any, key: str) -> dict[str, Any] | None:
     """Validate an entry's ``disaggregate`` mapping; the spec as given (None when unusable).
     Problems go to ``v`` under ``key`` (e.g. ``engine_grid[1].disaggregate``)."""
     if not isinstance(raw, dict):

@@ -14,26 +14,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from tunebook.core import knobs as knob_table
 from tunebook.models.presets import ModelRef, spec_problem
 from tunebook.servers import disagg, sglang
-from tunebook.servers.base import Server, ServerOptions
+from tunebook.servers.base import Checker, Server, ServerOptions
 from tunebook.servers.sglang import SGLangServer
 from tunebook.servers.vllm import Engine, resolve_draft
 
 Problems = list[tuple[str, str]]  # (knob key, message), as params reports them
-
-
-class Checker(Protocol):
-    """What tunebook.inputs.params' validator offers a kind that owns an engine_grid key."""
-
-    def err(self, key: str, msg: str) -> None: ...
-
-    def knobs(self, data: dict, prefix: str, types: bool = True) -> dict[str, Any]: ...
-
-    def unknown(self, data: dict, allowed: Any, prefix: str) -> None: ...
 
 
 class ServerKind(ABC):
