@@ -5,11 +5,14 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tunebook.core import config
 from tunebook.core.schema import SchemaVersionError
@@ -427,5 +430,28 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_TERMINATED
 
 
+def _quiet_exit(code: int) -> NoReturn:
+    """Exit as Python would, minus the interpreter's teardown when triton's compiled module is
+    loaded (vLLM imports it): at teardown its nanobind bindings print dozens of "leaked
+    function" lines that say nothing about the command. Everything that can still matter runs
+    first, as at a normal exit: non-daemon threads are joined, atexit handlers run (engines
+    stopped, logs flushed; an error in one is printed), stdout and stderr are flushed."""
+    if "triton._C.libtriton" not in sys.modules:
+        sys.exit(code)
+    for t in threading.enumerate():
+        if t is not threading.main_thread() and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def entry() -> NoReturn:
+    """The `tunebook` command (`main` returns its exit code, for callers in-process)."""
+    _quiet_exit(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -10,12 +10,14 @@ the scheduler-style SIGTERM run also carries the failed start that precedes a go
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -183,13 +185,19 @@ def test_runner_signal_mid_run_then_resume(tmp_path: Path, sig: signal.Signals,
     params = _params(tmp_path, f"sig{int(sig)}", engine_grid=grid)
     exp = tmp_path / params.stem
     sweep = _Spawned(params, tmp_path, scheduler=term)
-    # users=1 sends 4 prompts (min_prompts); a 5th completion means users=2 is under way
+    # Events, not a window: the engine logs the 2-user run's prefix-cache reset (the sweep
+    # stored the 1-user row and entered the next run's measurement); the engine is frozen
+    # there, so that run cannot end however long the signal takes to land.
     ok_rows = lambda: [r for r in _rows(exp) if r["status"] == "ok"]  # noqa: E731
-    sweep.wait_for(lambda: len(ok_rows()) == 1 and _completions(exp) >= 5, 600,
-                   "the second load point to be under way", exp)
-    sweep.proc.send_signal(sig)
+    sweep.wait_for(lambda: len(ok_rows()) == 1 and _resets(exp) >= 2, 600,
+                   "the second load point's reset", exp)
+    with _frozen(_sweep_engine(shared_engine)):
+        # what was left of it (6 prompts x 96 tokens) cannot happen within one poll
+        assert len(_rows(exp)) == 1 + 2 * term, _rows(exp)
+        sweep.proc.send_signal(sig)
     out = sweep.finish(120)
     assert sweep.proc.returncode != 0, out
+    assert "nanobind" not in out  # it ran vLLM's client: no dependency noise at its exit
     rows = _rows(exp)
     good = [r for r in rows if r["engine_label"] == "default"]
     assert sorted(r["status"] for r in good) == ["interrupted", "ok"], rows
@@ -220,8 +228,32 @@ def test_runner_signal_mid_run_then_resume(tmp_path: Path, sig: signal.Signals,
         out = again.finish(600)
         assert again.proc.returncode == 1, out[-3000:]
         assert "0 ok, 2 not ok, 2 already done" in out, out[-3000:]
+        assert "nanobind" not in out  # no dependency noise after the command (cli._quiet_exit)
         assert (tmp_path / "index.html").is_file()  # the outputs index is rebuilt
         _assert_clean(shared_engine)
+
+
+def _resets(exp: Path) -> int:
+    return sum(p.read_text(errors="replace").count(f"POST {eng.Engine.reset_path} ")
+               for p in (exp / "engines").glob("*.log"))
+
+
+def _sweep_engine(shared: SharedEngine) -> int:
+    """The process group of the one engine a spawned sweep has up (not the shared one)."""
+    groups = [e["pgid"] for e in process.list_engines() if e["pgid"] not in shared.pgids()]
+    assert len(groups) == 1, groups
+    return groups[0]
+
+
+@contextlib.contextmanager
+def _frozen(pgid: int) -> Iterator[None]:
+    """The engine's whole process group stopped (SIGSTOP) for the block: a request it was
+    serving stays in flight, however slow the machine; resumed on the way out."""
+    os.killpg(pgid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
 
 
 def _log_completions(log: Path) -> int:

@@ -266,3 +266,39 @@ def test_a_restarted_config_is_charged_its_first_start(capsys: pytest.CaptureFix
     assert main(["tune", str(REPO / "params" / "slo.yaml"), "--outputs", str(tmp_path),
                  "--dry-run"]) == EXIT_OK
     assert "2 points ok on 1 engine config, 80 s of engine time" in capsys.readouterr().out
+
+
+QUIET_EXIT = """
+import atexit, sys, threading, time
+import triton._C.libtriton  # what vLLM loads: its teardown prints nanobind's leak lines
+from tunebook.cli import _quiet_exit
+
+def late():
+    time.sleep(0.3)
+    print("thread finished", file=sys.stderr)
+
+def boom():
+    raise RuntimeError("a real error at exit")
+
+atexit.register(lambda: print("atexit ran", file=sys.stderr))
+atexit.register(boom)
+threading.Thread(target=late).start()
+print("buffered stdout", end="")
+_quiet_exit(3)
+"""
+
+
+def test_quiet_exit_skips_teardown_only() -> None:
+    """The command's exit skips the interpreter's teardown (where triton's bindings print
+    dozens of nanobind lines) and nothing before it: threads joined, atexit handlers run and
+    their errors shown, output flushed, the exit code kept. That the lines are gone is checked
+    on real sweeps' output (tests/measure/test_faults.py): a script this small does not leak."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", QUIET_EXIT], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 3, p.stderr[-2000:]
+    assert p.stdout == "buffered stdout"
+    for said in ("thread finished", "atexit ran", "RuntimeError: a real error at exit"):
+        assert said in p.stderr, p.stderr[-2000:]

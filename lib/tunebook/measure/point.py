@@ -173,11 +173,19 @@ def error_summary(res: dict) -> str | None:
 
 
 def measure(server: Server, run: PlannedRun, ctx: PointContext) -> Measured:
-    """Run one planned run on a started server; its record, whatever happened."""
-    point = run.point
-    started = utc_now()
-    out = Outcome(schema.STATUS_FAILED, started=started, seed=point_seed(point),
+    """Run one planned run on a started server; its record, whatever happened. Ctrl-C or
+    SIGTERM anywhere in it (the reset, a scrape, the client) makes it `interrupted`."""
+    out = Outcome(schema.STATUS_FAILED, started=utc_now(), seed=point_seed(run.point),
                   row_extra={"prefix_cache_reset": False})
+    try:
+        return _measure(server, run, ctx, out)
+    except (KeyboardInterrupt, Terminated) as e:
+        out.status, out.error = schema.STATUS_INTERRUPTED, f"interrupted ({type(e).__name__})"
+        return Measured(record_of(run, server, ctx, out), interrupt=e)
+
+
+def _measure(server: Server, run: PlannedRun, ctx: PointContext, out: Outcome) -> Measured:
+    point = run.point
     timings: dict[str, float] = {}  # this run's steps, kept in its JSON
     if point.reset_prefix_cache:
         with _timed("prefix-cache reset", timings, ctx.steps):
@@ -209,9 +217,6 @@ def measure(server: Server, run: PlannedRun, ctx: PointContext) -> Measured:
                                       vocab_size=vocab)
             else:
                 res, printed = _bench(server, run, ctx, out.seed, timings)
-    except (KeyboardInterrupt, Terminated) as e:
-        out.status, out.error = schema.STATUS_INTERRUPTED, f"interrupted ({type(e).__name__})"
-        return Measured(record_of(run, server, ctx, out), interrupt=e)
     except Exception as e:  # noqa: BLE001 - any client failure is recorded, not fatal
         died = exited(server)
         out.status = schema.STATUS_INTERRUPTED if died else schema.STATUS_FAILED
