@@ -154,39 +154,46 @@ def _chunks(resp: http.client.HTTPResponse) -> Iterator[bytes]:
 
 def test_gauges_are_read_while_a_request_runs(shared_engine: SharedEngine) -> None:
     """The sampler's gauge columns, on events rather than a sampled window: a long streaming
-    request has sent two tokens (the API server recorded at least one step's stats with it
-    running), then the engine core is frozen, so the request is still running, by the last
-    stats the API server has, when the sampler scrapes. The old form of this check (the maxima
-    of a 0.5 s sampler over a few short runs) missed a whole run on a loaded 2-core machine."""
+    request has sent a token, the engine core is frozen, and what the stream holds then has
+    no end: the request is running, by the last stats the API server has, when the sampler
+    scrapes. A request that ended before the freeze (the test process was not scheduled for
+    its ~1 s of decoding) is no such state: a fresh one is sent. The old form of this check
+    (the maxima of a 0.5 s sampler over a few short runs) missed a whole run on a loaded
+    2-core machine."""
     engine = shared_engine.up()
-    conn = http.client.HTTPConnection(HOST, engine.port, timeout=120)
-    body = {"model": SERVED_NAME, "prompt": "Hello", "max_tokens": 900, "ignore_eos": True,
+    body = {"model": SERVED_NAME, "prompt": "Hello", "max_tokens": 1000, "ignore_eos": True,
             "stream": True}
-    conn.request("POST", "/v1/completions", json.dumps(body),
-                 {"Authorization": f"Bearer {engine.api_key}",
-                  "Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200, resp.read()[:500]
-    stream = _chunks(resp)
-    try:
-        got = [next(stream), next(stream)]  # two steps done: the first one's stats recorded
-        assert b"[DONE]" not in got
-        with _engine_core_frozen(engine):
-            sampler = engine_metrics.Sampler(engine.metrics_text)
-            sampler.sample_once()
-            # still in flight when scraped: 898 more tokens cannot come while the core is
-            # stopped (those already on their way are read, and must not include the end)
-            conn.sock.settimeout(1.0)
-            with contextlib.suppress(TimeoutError):
-                got += list(stream)
-            assert b"[DONE]" not in got
-        cols = engine_metrics.row(None, None, sampler)
-        assert sampler.errors == 0, sampler.last_error
-        assert cols["metrics_samples"] == 1
-        assert cols["max_running_requests"] == 1, cols
-        assert 0 < cols["max_kv_cache_usage"] < 1, cols
-    finally:
-        conn.close()  # the API server aborts the request
+    ended_first = 0
+    for _ in range(5):
+        conn = http.client.HTTPConnection(HOST, engine.port, timeout=120)
+        try:
+            conn.request("POST", "/v1/completions", json.dumps(body),
+                         {"Authorization": f"Bearer {engine.api_key}",
+                          "Content-Type": "application/json"})
+            resp = conn.getresponse()
+            assert resp.status == 200, resp.read()[:500]
+            stream = _chunks(resp)
+            got = [next(stream)]  # scheduled: the core is stepping it
+            with _engine_core_frozen(engine):
+                # what was sent before the freeze; nothing more can come while it lasts
+                conn.sock.settimeout(1.0)
+                with contextlib.suppress(TimeoutError):
+                    got += list(stream)
+                if b"[DONE]" in got:
+                    ended_first += 1
+                    continue
+                sampler = engine_metrics.Sampler(engine.metrics_text)
+                sampler.sample_once()
+                break
+        finally:
+            conn.close()  # the API server aborts the request
+    else:
+        raise AssertionError(f"each of {ended_first} requests ended before the freeze")
+    cols = engine_metrics.row(None, None, sampler)
+    assert sampler.errors == 0, sampler.last_error
+    assert cols["metrics_samples"] == 1
+    assert cols["max_running_requests"] == 1, cols
+    assert 0 < cols["max_kv_cache_usage"] < 1, cols
     # the engine is idle again before the next test (a prefix-cache reset needs no request)
     deadline = time.monotonic() + 120
     while engine_metrics.Snapshot.from_text(engine.metrics_text()).gauges.get("running_requests"):
