@@ -9,7 +9,7 @@ PARAMS ?= params/quickstart.yaml
 MODELS ?= smollm2-135m
 
 .DEFAULT_GOAL := help
-.PHONY: help install models demo test test-fast lint plan bench-overhead bench-starts clean
+.PHONY: help install models demo test test-fast-start test-fast lint plan bench-overhead bench-starts clean
 
 help: ## list the documented targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -34,7 +34,10 @@ demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML 
 	$(BIN)/tunebook run $(PARAMS)
 
 test: $(STAMP) models ## the whole suite, real vLLM engines included (~13-14 min on 2 cores in a fresh clone, 15 engine starts; .ci/run with its install ~14-20 min)
-	$(BIN)/python -m pytest -q -ra tests
+	$(BIN)/python -m pytest -q -ra -m "not fast_start" tests
+
+test-fast-start: $(STAMP) models ## plain and launcher starts of SmolLM2 side by side (3 engine starts, ~1 min)
+	$(BIN)/python -m pytest -q -ra -m fast_start tests
 
 test-fast: $(STAMP) models ## the suite without engine starts (~105 s on 2 cores: about 1,000 tests and nine background replots)
 	$(BIN)/python -m pytest -q -m "not engine" tests

