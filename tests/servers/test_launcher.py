@@ -173,3 +173,10 @@ def test_choose_says_why_a_start_is_plain(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv(L.FAST_START_ENV, "1")
     assert L.choose(True) == L.Choice(L.FULL_FORK)
     assert L.choose(False) == L.Choice(L.EXEC)  # a kind with no launcher (SGLang): no note
+    # params' fast_start: true opts in, false opts out; TUNEBOOK_FAST_START=0 wins over both
+    assert L.choose(True, False) == L.Choice(L.EXEC, "params: fast_start: false")
+    monkeypatch.delenv(L.FAST_START_ENV)
+    assert L.choose(True, True) == L.Choice(L.FULL_FORK)
+    assert L.choose(True, None) == L.Choice(L.EXEC)
+    monkeypatch.setenv(L.FAST_START_ENV, "0")
+    assert L.choose(True, True) == L.Choice(L.EXEC, f"{L.FAST_START_ENV}=0")

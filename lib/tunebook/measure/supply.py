@@ -139,6 +139,7 @@ class SupplyContext:
     startup_timeout_s: float
     steps: StepTimes
     starts: Starts
+    fast_start: bool | None = None  # params' fast_start (None: TUNEBOOK_FAST_START decides)
 
 
 @dataclass
@@ -183,7 +184,8 @@ class FreshSupply:
     def new(self, cfg: EngineConfig, model: ModelRef, options: ServerOptions) -> Server:
         log = Path(self.ctx.engine_logs(cfg.id))
         return server_for(model, cfg.knobs, cfg.env, log,
-                          StartSettings(options, self.ctx.startup_timeout_s))
+                          StartSettings(options, self.ctx.startup_timeout_s,
+                                        self.ctx.fast_start))
 
     def _start(self, cfg: EngineConfig, server: Server, bar: Any) -> Supplied:
         try:

@@ -205,7 +205,7 @@ class Sweep:
     def local_executor(self) -> LocalExecutor:
         """Engine configs run here, from the supply the options ask for."""
         ctx = SupplyContext(self.store.engine_log_path, self.params.startup_timeout_s,
-                            self.steps, self.starts)
+                            self.steps, self.starts, self.params.fast_start)
         keeper = self.options.keeper
         supply = (KeptSupply(ctx, keeper) if keeper else
                   TogetherSupply(ctx, self.params.start_together)

@@ -71,6 +71,7 @@ class StartSettings:
 
     options: ServerOptions = field(default_factory=ServerOptions)
     timeout_s: float = 900.0
+    fast_start: bool | None = None  # tunebook.servers.launcher (None: the environment decides)
 
 
 def _shared_problems(cfg: Mapping[str, Any], together: int) -> Problems:
@@ -100,7 +101,9 @@ class VllmKind(ServerKind):
 
     def server(self, model: ModelRef, knobs: Mapping[str, Any], env: Mapping[str, str],
                log_path: Path, start: StartSettings) -> Server:
-        return Engine(model, dict(knobs), dict(env), log_path, start.timeout_s, start.options)
+        e = Engine(model, dict(knobs), dict(env), log_path, start.timeout_s, start.options)
+        e.fast_start = start.fast_start
+        return e
 
     def problems(self, knobs: Mapping[str, Any], together: int = 1) -> Problems:
         out: Problems = []

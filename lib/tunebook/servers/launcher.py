@@ -393,15 +393,21 @@ _LAUNCHERS: list[Launcher] = []
 _GAVE_UP: str | None = None  # set when a launcher died under this process
 
 
-def choose(kind_ok: bool) -> Choice:
-    """How this process starts its next engine of a kind that can (`kind_ok`) be forked.
-    Opt-in for now (TUNEBOOK_FAST_START=1, or `api` for the API-server fork alone): on by
-    default once the fault tests have run on launcher starts (issue 32)."""
+def choose(kind_ok: bool, wanted: bool | None = None) -> Choice:
+    """How this process starts its next engine of a kind that can (`kind_ok`) be forked;
+    `wanted`: the params' fast_start (None: the environment decides). TUNEBOOK_FAST_START=0
+    turns it off whatever params say. Opt-in for now (TUNEBOOK_FAST_START=1 or `api` for the
+    API-server fork alone, or params' fast_start: true): on by default once the fault tests
+    have run on launcher starts (issue 32)."""
     mode = os.environ.get(FAST_START_ENV, "").strip()
-    if not kind_ok or mode == "":
+    if not kind_ok:
         return Choice(EXEC)
     if mode == "0":
         return Choice(EXEC, f"{FAST_START_ENV}=0")
+    if wanted is False:
+        return Choice(EXEC, "params: fast_start: false")
+    if mode == "" and not wanted:
+        return Choice(EXEC)
     if not sys.platform.startswith("linux"):
         return Choice(EXEC, "fast starts fork a pre-imported server: Linux only")
     return Choice(API_FORK if mode == "api" else FULL_FORK)

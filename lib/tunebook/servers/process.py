@@ -199,6 +199,7 @@ class ProcessServer(ServerBase, ABC):
     reset_path = ""  # POST here empties the prefix cache
     fast_start_ok = False  # its server can be forked from a launcher (tunebook.servers.launcher)
     preload: tuple[str, ...] = ()  # what else a launcher imports for it (each if it exists)
+    fast_start: bool | None = None  # params' fast_start (None: TUNEBOOK_FAST_START decides)
 
     def __init__(self, model: ModelRef, knobs: dict[str, Any] | None = None,
                  env: dict[str, str] | None = None, log_path: Path | str = "engine.log",
@@ -283,7 +284,7 @@ class ProcessServer(ServerBase, ABC):
         can, fast starts are on and the launcher can take it), else a plain exec; which one,
         and why not the fast one, goes into the row."""
         choice = launcher.choose(self.fast_start_ok
-                                 and not os.environ.get(DIE_WITH_PARENT_ENV))
+                                 and not os.environ.get(DIE_WITH_PARENT_ENV), self.fast_start)
         if choice.method != launcher.EXEC:
             forked, choice = launcher.launch(self.python, self.argv, env, self.log_path, choice,
                                              self.preload)
