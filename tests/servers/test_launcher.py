@@ -180,3 +180,16 @@ def test_choose_says_why_a_start_is_plain(monkeypatch: pytest.MonkeyPatch) -> No
     assert L.choose(True, None) == L.Choice(L.EXEC)
     monkeypatch.setenv(L.FAST_START_ENV, "0")
     assert L.choose(True, True) == L.Choice(L.EXEC, f"{L.FAST_START_ENV}=0")
+
+
+def test_a_launcher_that_cannot_import_its_module_makes_starts_plain(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(L, "_LAUNCHERS", [])
+    monkeypatch.setattr(L, "_GAVE_UP", None)
+    argv = [sys.executable, "-m", "no_such_server_module", "x"]
+    proc, got = L.launch(sys.executable, argv, env, tmp_path / "n.log", L.Choice(L.FULL_FORK))
+    assert proc is None and got.method == L.EXEC
+    assert "the launcher exited (code 1)" in got.why and "No module named" in got.why
+    assert L._LAUNCHERS == []
+    assert capsys.readouterr().err.count("the launcher exited") == 1

@@ -35,7 +35,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -248,24 +250,28 @@ def _reap(exits: Path) -> None:
 
 class Forked:
     """An engine the launcher forked, with the part of subprocess.Popen a server uses (pid,
-    poll, wait, returncode). Its exit code comes from the launcher, which reaps it; if the
-    launcher died first, the code is LOST."""
+    poll, wait, returncode). Its exit code comes from the launcher, which reaps it and writes
+    it down; while the launcher lives, an engine that has exited is waited for until the code
+    is there (no grace window to run out under load); if the launcher died first, the code is
+    LOST."""
 
-    def __init__(self, pid: int, exits: Path):
+    def __init__(self, pid: int, exits: Path, launcher_alive: Callable[[], bool]):
         self.pid = pid
         self.exits = exits
+        self.launcher_alive = launcher_alive
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
         code = self._exit_file()
-        if code is None and not _running(self.pid):
-            deadline = time.monotonic() + 1.0  # the launcher reaps every 0.2 s
-            while code is None and time.monotonic() < deadline:
-                time.sleep(0.05)
+        while code is None and not _running(self.pid):
+            if not self.launcher_alive():
                 code = self._exit_file()
-            code = LOST if code is None else code
+                code = LOST if code is None else code
+                break
+            time.sleep(0.02)  # exited: the launcher reaps it within its next turn
+            code = self._exit_file()
         self.returncode = code
         return code
 
@@ -370,7 +376,7 @@ class Launcher:
             answer = json.loads(s.makefile("rb").readline() or b"{}")
         if "pid" not in answer:
             raise OSError(answer.get("error", "the launcher gave no answer"))
-        return Forked(int(answer["pid"]), self.folder / "exits")
+        return Forked(int(answer["pid"]), self.folder / "exits", self.alive)
 
     def died_unasked(self) -> bool:
         """It exited without stop() asking (killed, crashed)."""
@@ -391,6 +397,7 @@ class Launcher:
 MAX_LAUNCHERS = 2  # each holds an imported vLLM (~1 GB); a third import-time env evicts one
 _LAUNCHERS: list[Launcher] = []
 _GAVE_UP: str | None = None  # set when a launcher died under this process
+_LOCK = threading.Lock()
 
 
 def choose(kind_ok: bool, wanted: bool | None = None) -> Choice:
@@ -418,6 +425,12 @@ def launch(python: str, argv: list[str], env: dict[str, str], log: Path,
     """Start the engine `argv` (`python -m MODULE …`) through a launcher that has imported
     MODULE and `preload`; (None, a plain choice with the reason) when it cannot, and the
     caller starts it plain."""
+    with _LOCK:  # engines started together start from threads
+        return _launch(python, argv, env, log, choice, preload)
+
+
+def _launch(python: str, argv: list[str], env: dict[str, str], log: Path,
+            choice: Choice, preload: tuple[str, ...]) -> tuple[Forked | None, Choice]:
     module = argv[2]
     core_fork = choice.method == FULL_FORK and MP_METHOD_ENV not in env
     if core_fork:
@@ -440,8 +453,11 @@ def launch(python: str, argv: list[str], env: dict[str, str], log: Path,
         launcher = Launcher(python, module, Path(tempfile.mkdtemp(prefix="tunebook-launcher-")),
                             preload)
         _LAUNCHERS.append(launcher)
-        if not launcher.ensure(env):
-            return None, Choice(EXEC, launcher.error)
+        if not launcher.ensure(env):  # it cannot run here: no point paying its import again
+            _LAUNCHERS.remove(launcher)
+            _GAVE_UP = f"{launcher.error}: plain starts from then on in this process"
+            print(f"tunebook: {_GAVE_UP}", file=sys.stderr)
+            return None, Choice(EXEC, _GAVE_UP)
         if launcher.differs(env):  # vLLM read something at import that this env changes
             return None, Choice(EXEC, "set differently from what vLLM read when imported: "
                                       + ", ".join(launcher.differs(env)))
