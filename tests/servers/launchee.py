@@ -1,8 +1,9 @@
 """A stand-in for a server module in tests/servers/test_launcher.py: not a fake vLLM (the
 launcher forks whatever module it is given; the vLLM starts through it are tested on real
-engines). `python -m launchee OUT [EXIT_CODE | serve]` writes what a started server sees (argv,
-environment, working folder, process group) as JSON to OUT, then exits with EXIT_CODE or
-sleeps until it is stopped."""
+engines). `python -m launchee OUT [EXIT_CODE | serve | listen-fork --port N]` writes what a started
+server sees (argv, environment, working folder, process group) as JSON to OUT, then exits with
+EXIT_CODE, or sleeps until it is stopped (listen-fork: listening on N, with a forked child, as
+vLLM's API server and its engine core)."""
 
 import json
 import os
@@ -17,6 +18,17 @@ if __name__ == "__main__":
         json.dump(seen, f)
     os.replace(out + ".tmp", out)
     print("launchee: written", flush=True)
+    if what == "listen-fork":  # as vLLM's API server: listen, then fork its engine core
+        import socket
+
+        listener = socket.create_server(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])))
+        child = os.fork()
+        if child == 0:
+            while True:
+                time.sleep(1)
+        with open(out + ".child", "w") as f:
+            f.write(str(child))
+        what = "serve"
     if what == "serve":
         while True:
             time.sleep(1)

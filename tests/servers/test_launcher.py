@@ -193,3 +193,32 @@ def test_a_launcher_that_cannot_import_its_module_makes_starts_plain(
     assert "the launcher exited (code 1)" in got.why and "No module named" in got.why
     assert L._LAUNCHERS == []
     assert capsys.readouterr().err.count("the launcher exited") == 1
+
+
+def test_a_killed_api_servers_port_refuses_rather_than_hangs(
+        launcher: L.Launcher, env: dict[str, str], tmp_path: Path) -> None:
+    """vLLM's API server listens, then forks its engine core (fork starts): the core inherits
+    the listening socket. Held there, a SIGKILLed API server's port goes on accepting
+    connections nobody serves, and a client's next request hangs (seen: a sweep stuck after
+    its engine was killed). The launcher's children let go of it at every fork."""
+    import socket
+
+    from tunebook.servers.base import free_port
+
+    port = free_port()
+    out = tmp_path / "l.json"
+    proc = launcher.start([*_argv(out, "listen-fork"), "--port", str(port)], env,
+                          tmp_path / "l.log", core_fork=False)
+    _wait_file(out)
+    deadline = time.monotonic() + 30
+    while not Path(str(out) + ".child").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    child = int(Path(str(out) + ".child").read_text())
+    try:
+        os.kill(proc.pid, signal.SIGKILL)  # the API server alone: its child lives on
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    finally:
+        os.kill(child, signal.SIGKILL)

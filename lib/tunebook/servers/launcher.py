@@ -123,6 +123,38 @@ def _keep_fork_on_cpu() -> None:
     cpu.CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
 
 
+def _flag(argv: list[str], name: str) -> str | None:
+    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == name), None)
+
+
+def _release_listener(port: int) -> None:
+    """In a process forked from a forked API server (its engine core, their workers): let go
+    of the API server's listening socket on `port`, which a fork inherits (a spawned process
+    does not). Held there, a killed API server's port would go on accepting connections that
+    nobody serves: a client's next request would hang instead of being refused. The fd is
+    pointed at /dev/null, not closed: the socket object copied into this process may close
+    that number later."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            try:
+                s = socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM)  # a dup: ours
+            except OSError:
+                continue  # not a socket
+            try:
+                listening = (s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                             and s.getsockname()[1] == port)
+            except (OSError, IndexError, TypeError):
+                listening = False
+            finally:
+                s.close()
+            if listening:
+                os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 def _title(title: str) -> None:
     try:
         import setproctitle
@@ -162,6 +194,9 @@ def _child(req: dict[str, Any], listener: socket.socket, conn: socket.socket) ->
 
         sys.argv = [argv[0], *argv[3:]]
         _title(" ".join(argv))  # what `ps` shows for a plain start
+        port = _flag(argv, "--port")
+        if port is not None and port.isdigit():
+            os.register_at_fork(after_in_child=lambda: _release_listener(int(port)))
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:
