@@ -21,8 +21,12 @@ if __name__ == "__main__":
     if what == "listen-fork":  # as vLLM's API server: listen, then fork its engine core
         import socket
 
-        listener = socket.create_server(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])))
+        # bound, then the fork, then listen: the order of vLLM's API server
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])))
         child = os.fork()
+        if child:
+            listener.listen()
         if child == 0:
             while True:
                 time.sleep(1)

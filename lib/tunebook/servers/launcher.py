@@ -129,9 +129,9 @@ def _flag(argv: list[str], name: str) -> str | None:
 
 def _release_listener(port: int) -> None:
     """In a process forked from a forked API server (its engine core, their workers): let go
-    of the API server's listening socket on `port`, which a fork inherits (a spawned process
-    does not). Held there, a killed API server's port would go on accepting connections that
-    nobody serves: a client's next request would hang instead of being refused. The fd is
+    of the API server's socket on `port` (bound, listened on later), which a fork inherits (a
+    spawned process does not). Held there, a killed API server's port would go on accepting
+    connections that nobody serves: a client's next request would hang, not be refused. The fd is
     pointed at /dev/null, not closed: the socket object copied into this process may close
     that number later."""
     null = os.open(os.devnull, os.O_RDONLY)
@@ -143,16 +143,25 @@ def _release_listener(port: int) -> None:
             except OSError:
                 continue  # not a socket
             try:
-                listening = (s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-                             and s.getsockname()[1] == port)
+                # bound to the port and connected to nobody: vLLM binds it before it forks its
+                # engine core and only listens on it later (a connection has a peer)
+                ours = s.getsockname()[1] == port and not _peer(s)
             except (OSError, IndexError, TypeError):
-                listening = False
+                ours = False
             finally:
                 s.close()
-            if listening:
+            if ours:
                 os.dup2(null, fd)
     finally:
         os.close(null)
+
+
+def _peer(s: socket.socket) -> bool:
+    try:
+        s.getpeername()
+    except OSError:
+        return False
+    return True
 
 
 def _title(title: str) -> None:
