@@ -502,9 +502,9 @@ def _launch(python: str, argv: list[str], env: dict[str, str], log: Path,
             _GAVE_UP = f"{launcher.error}: plain starts from then on in this process"
             print(f"tunebook: {_GAVE_UP}", file=sys.stderr)
             return None, Choice(EXEC, _GAVE_UP)
-        if launcher.differs(env):  # vLLM read something at import that this env changes
+        if differs := launcher.differs(env):  # vLLM read something at import that env changes
             return None, Choice(EXEC, "set differently from what vLLM read when imported: "
-                                      + ", ".join(launcher.differs(env)))
+                                      + ", ".join(differs))
     try:
         return launcher.start(argv, env, log, core_fork), choice
     except OSError as e:

@@ -71,9 +71,10 @@ class Engine(ProcessServer):
     server_module = SERVER_MODULE
     reset_path = "/reset_prefix_cache"
     fast_start_ok = True
-    # What a start imports after the API server module (0.32 names; a module another vLLM
-    # lacks is imported on demand): the entry point and its argument parser, the engine
-    # client, the engine core, the executor and both workers (no accelerator is touched).
+    # What a start imports after the API server module, each where this vLLM has it (0.32 has
+    # no vllm.entrypoints.openai.cli_args, the older parser's home; what is missing is skipped
+    # and imported on demand): the entry point and its argument parser, the engine client, the
+    # engine core, the executor and both workers (no accelerator is touched).
     preload = ("vllm.entrypoints.launchers.api_server.entry", "vllm.entrypoints.openai.cli_args",
                "vllm.v1.engine.async_llm", "vllm.v1.engine.core",
                "vllm.v1.executor.multiproc_executor", "vllm.v1.worker.cpu_worker",
