@@ -34,7 +34,7 @@ demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML 
 	$(BIN)/tunebook run $(PARAMS)
 
 test: $(STAMP) models ## the whole suite, real vLLM engines included (~13-14 min on 2 cores in a fresh clone, 15 engine starts; .ci/run with its install ~14-20 min)
-	$(BIN)/python -m pytest -q -ra -m "not fast_start" tests
+	$(BIN)/python -m pytest -q -ra tests
 
 test-fast-start: $(STAMP) models ## plain and launcher starts of SmolLM2 side by side (3 engine starts, ~1 min)
 	$(BIN)/python -m pytest -q -ra -m fast_start tests

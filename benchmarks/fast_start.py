@@ -102,8 +102,8 @@ def report(out: Path) -> str:
                       + ", ".join(f"{b / a:.2f}" for a, b in pairs)]
     first = [r for r in recs if r["role"] == "warm-up"]
     if first:
-        lines += ["", "First start through each launcher (includes importing vLLM into it, "
-                  "once per tunebook process): "
+        lines += ["", "Warm-up starts, discarded (the first pays the launcher's import of vLLM, "
+                  "once per tunebook process; the next method's share that launcher): "
                   + ", ".join(f"{r['method']} {r['startup_s']:.1f} s" for r in first)]
     pools = {r["kv_pool_tokens"] for r in recs}
     lines += ["", f"KV pool (tokens) of every start: {sorted(pools, key=str)}"]

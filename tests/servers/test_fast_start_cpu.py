@@ -8,13 +8,19 @@ engine_env, then forked with the plain one's environment:
 - an engine_env value reaches the forked engine (a pool twice the size) and does not leak
   into the next one (the pool is back).
 
-Out of `make test` while fast starts are opt-in (three starts; the suite has no minutes
-left): `make test-fast-start`.
+- kill -9 of the launcher under the last one: it goes on serving, stops as a whole, and the
+  next start is plain and says why (once in the log).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import re
+import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +39,20 @@ PROMPTS = ["def square(x):\n    return x * x\n\n\ndef cube(x):\n",
 KNOBS = {"max_model_len": 512}
 
 
-def _start(tmp: Path, name: str, fast: str, kv_gib: int,
-           monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def _kill_launcher_then_ask(e: Engine) -> dict[str, Any]:
+    """kill -9 of the launcher under a running engine: the engine goes on serving."""
+    procs = [x.proc for x in L._LAUNCHERS if x.alive()]
+    for p in procs:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+    status, _ = e.request("POST", "/v1/completions", {
+        "model": SERVED_NAME, "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0},
+        timeout_s=120)
+    return {"launchers_killed": len(procs), "status_after_kill": status, "pgid": e.proc.pid}
+
+
+def _start(tmp: Path, name: str, fast: str, kv_gib: int, monkeypatch: pytest.MonkeyPatch,
+           then: Callable[[Engine], dict[str, Any]] | None = None) -> dict[str, Any]:
     monkeypatch.setenv(L.FAST_START_ENV, fast)
     e = Engine(resolve_model("smollm2-135m"), KNOBS, {"VLLM_CPU_KVCACHE_SPACE": str(kv_gib)},
                tmp / f"{name}.log", startup_timeout_s=600, options=ServerOptions(dev_mode=True))
@@ -48,20 +66,32 @@ def _start(tmp: Path, name: str, fast: str, kv_gib: int,
             texts.append(__import__("json").loads(body)["choices"][0]["text"])
         metrics = set(re.findall(r"^(vllm:\w+)", e.metrics_text(), re.MULTILINE))
         row = e.row()
-    return {"row": row, "texts": texts, "metrics": metrics}
+        after = then(e) if then else {}
+    return {"row": row, "texts": texts, "metrics": metrics, **after}
 
 
 @pytest.fixture(scope="module")
 def starts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("fast")
     mp = pytest.MonkeyPatch()
+    # a launcher of this module's own, killed at the end; the session's are put back after
+    mp.setattr(L, "_LAUNCHERS", [])
+    mp.setattr(L, "_GAVE_UP", None)
     try:
-        return {"plain": _start(tmp, "plain", "0", 1, mp),
-                "forked_2gib": _start(tmp, "forked_2gib", "1", 2, mp),
-                "forked": _start(tmp, "forked", "1", 1, mp)}
+        starts = {"plain": _start(tmp, "plain", "0", 1, mp),
+                  "forked_2gib": _start(tmp, "forked_2gib", "1", 2, mp),
+                  "forked": _start(tmp, "forked", "1", 1, mp, then=_kill_launcher_then_ask)}
+        # the next start cannot fork: it is plain, and says why, once
+        said = io.StringIO()
+        with contextlib.redirect_stderr(said):
+            starts["after_kill"] = {"choices": [L.launch(
+                sys.executable, [sys.executable, "-m", "vllm.entrypoints.openai.api_server"],
+                dict(os.environ), tmp / "never.log", L.Choice(L.FULL_FORK)) for _ in range(2)],
+                "stderr": said.getvalue()}
+        return starts
     finally:
-        mp.undo()
         L.stop_all()
+        mp.undo()
 
 
 def _facts(row: dict[str, Any]) -> dict[str, Any]:
@@ -99,3 +129,15 @@ def test_engine_env_reaches_the_forked_engine_and_does_not_leak(
     one = starts["plain"]["row"]["kv_pool_tokens"]
     assert starts["forked_2gib"]["row"]["kv_pool_tokens"] == 2 * one
     assert starts["forked"]["row"]["kv_pool_tokens"] == one
+
+
+def test_an_engine_outlives_a_killed_launcher_then_starts_are_plain(
+        starts: dict[str, dict[str, Any]]) -> None:
+    forked = starts["forked"]
+    assert forked["launchers_killed"] == 1 and forked["status_after_kill"] == 200
+    with pytest.raises(ProcessLookupError):  # stopped as a whole: nothing of it is left
+        os.killpg(forked["pgid"], 0)
+    choices = starts["after_kill"]["choices"]
+    assert [f for f, _ in choices] == [None, None]
+    assert all(c.method == L.EXEC and "the launcher died" in (c.why or "") for _, c in choices)
+    assert starts["after_kill"]["stderr"].count("the launcher died") == 1

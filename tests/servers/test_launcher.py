@@ -165,7 +165,7 @@ def test_lookups_count_and_walks_do_not(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_choose_says_why_a_start_is_plain(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(L.FAST_START_ENV, raising=False)
-    assert L.choose(True) == L.Choice(L.EXEC)  # opt-in for now
+    assert L.choose(True) == L.Choice(L.FULL_FORK)  # on by default
     monkeypatch.setenv(L.FAST_START_ENV, "0")
     assert L.choose(True) == L.Choice(L.EXEC, f"{L.FAST_START_ENV}=0")
     monkeypatch.setenv(L.FAST_START_ENV, "api")
@@ -173,11 +173,11 @@ def test_choose_says_why_a_start_is_plain(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv(L.FAST_START_ENV, "1")
     assert L.choose(True) == L.Choice(L.FULL_FORK)
     assert L.choose(False) == L.Choice(L.EXEC)  # a kind with no launcher (SGLang): no note
-    # params' fast_start: true opts in, false opts out; TUNEBOOK_FAST_START=0 wins over both
+    # params' fast_start: false opts out; TUNEBOOK_FAST_START=0 wins over true
     assert L.choose(True, False) == L.Choice(L.EXEC, "params: fast_start: false")
     monkeypatch.delenv(L.FAST_START_ENV)
     assert L.choose(True, True) == L.Choice(L.FULL_FORK)
-    assert L.choose(True, None) == L.Choice(L.EXEC)
+    assert L.choose(True, None) == L.Choice(L.FULL_FORK)
     monkeypatch.setenv(L.FAST_START_ENV, "0")
     assert L.choose(True, True) == L.Choice(L.EXEC, f"{L.FAST_START_ENV}=0")
 

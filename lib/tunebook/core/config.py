@@ -16,9 +16,9 @@ breaks once the package is installed without ``-e``: site-packages has no notebo
     TUNEBOOK_BATCH      set: text progress for logs (papermill, cron) instead of live bars
     TUNEBOOK_WAIT_S     seconds to wait for another sweep holding the machine (--wait)
     TUNEBOOK_COMMIT     the tunebook commit to record when there is no git checkout
-    TUNEBOOK_FAST_START 1: vLLM engines forked from a process that has imported vLLM
-                        (tunebook.servers.launcher); api: the API server only; 0 or unset:
-                        plain starts (opt-in while its fault tests are pending)
+    TUNEBOOK_FAST_START unset or 1: vLLM engines forked from a process that has imported
+                        vLLM (tunebook.servers.launcher); api: the API server only;
+                        0: plain starts
 """
 
 from __future__ import annotations

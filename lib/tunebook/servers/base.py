@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tunebook.core import config
+from tunebook.servers import launcher
 from tunebook.servers.start_phases import StartPhases
 from tunebook.servers.startup import Diagnosis, StartupFacts
 
@@ -37,7 +38,7 @@ API_KEY_FILE = "api_key"
 # Set by tunebook.measure.executors.ray_cluster for the sweep a Ray task runs: Ray kills a task's
 # child processes
 # with SIGKILL when its driver dies, and an engine in its own session would outlive them.
-DIE_WITH_PARENT_ENV = "TUNEBOOK_ENGINE_DIES_WITH_PARENT"
+DIE_WITH_PARENT_ENV = launcher.DIE_WITH_PARENT_ENV
 
 
 class EngineStartError(RuntimeError):

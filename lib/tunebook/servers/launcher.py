@@ -51,6 +51,8 @@ LOST = -255  # exit code of an engine whose launcher died before it could say
 # Read once, when a process or a library in it starts (the interpreter, the dynamic loader,
 # OpenMP, malloc): a forked engine has the launcher's, whatever its environment says.
 STARTUP_VARS = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MALLOC_")
+# set for the sweep a Ray task runs: its engines die with it (tunebook.servers.base says why)
+DIE_WITH_PARENT_ENV = "TUNEBOOK_ENGINE_DIES_WITH_PARENT"
 READY_TIMEOUT_S = 300.0  # importing the server (cold page cache, a slow disk)
 
 
@@ -123,6 +125,18 @@ def _keep_fork_on_cpu() -> None:
     cpu.CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
 
 
+def die_with_parent() -> None:
+    """In an engine's process, before it becomes the server (Linux): SIGTERM when the process
+    that started it dies (vLLM's server then stops its engine core). Asked by the environment
+    (TUNEBOOK_ENGINE_DIES_WITH_PARENT, set for a Ray task's sweep); for a forked engine the
+    parent is the launcher, which exits when its owner does."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def _flag(argv: list[str], name: str) -> str | None:
     return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == name), None)
 
@@ -177,6 +191,11 @@ def _child(req: dict[str, Any], listener: socket.socket, conn: socket.socket) ->
     returns."""
     code = 1
     try:
+        if req["env"].get(DIE_WITH_PARENT_ENV):
+            launcher = os.getppid()
+            die_with_parent()
+            if os.getppid() != launcher:  # it died before the line above: nobody would stop us
+                os._exit(1)
         listener.close()
         conn.close()
         os.setsid()  # its own process group: stopped and reaped as a whole, as a plain start
@@ -446,10 +465,10 @@ _LOCK = threading.Lock()
 
 def choose(kind_ok: bool, wanted: bool | None = None) -> Choice:
     """How this process starts its next engine of a kind that can (`kind_ok`) be forked;
-    `wanted`: the params' fast_start (None: the environment decides). TUNEBOOK_FAST_START=0
-    turns it off whatever params say. Opt-in for now (TUNEBOOK_FAST_START=1 or `api` for the
-    API-server fork alone, or params' fast_start: true): on by default once the fault tests
-    have run on launcher starts (issue 32)."""
+    `wanted`: the params' fast_start (None: the environment decides). On by default:
+    TUNEBOOK_FAST_START=0 turns it off whatever params say, `api` forks the API server alone
+    (its engine core and worker spawned as vLLM chooses); params' fast_start: false turns it
+    off for one sweep."""
     mode = os.environ.get(FAST_START_ENV, "").strip()
     if not kind_ok:
         return Choice(EXEC)
@@ -457,8 +476,6 @@ def choose(kind_ok: bool, wanted: bool | None = None) -> Choice:
         return Choice(EXEC, f"{FAST_START_ENV}=0")
     if wanted is False:
         return Choice(EXEC, "params: fast_start: false")
-    if mode == "" and not wanted:
-        return Choice(EXEC)
     if not sys.platform.startswith("linux"):
         return Choice(EXEC, "fast starts fork a pre-imported server: Linux only")
     return Choice(API_FORK if mode == "api" else FULL_FORK)

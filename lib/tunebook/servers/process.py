@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import re
@@ -72,16 +71,6 @@ def state_dir() -> Path:
     return d
 
 
-
-
-def _die_with_parent() -> None:
-    """In the engine's child before exec (Linux): SIGTERM when the process that started it
-    dies (vLLM's server then stops its engine core)."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 _HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{20,}")
@@ -283,8 +272,7 @@ class ProcessServer(ServerBase, ABC):
         """The server's process: forked by a launcher that has imported it (when the kind
         can, fast starts are on and the launcher can take it), else a plain exec; which one,
         and why not the fast one, goes into the row."""
-        choice = launcher.choose(self.fast_start_ok
-                                 and not os.environ.get(DIE_WITH_PARENT_ENV), self.fast_start)
+        choice = launcher.choose(self.fast_start_ok, self.fast_start)
         if choice.method != launcher.EXEC:
             forked, choice = launcher.launch(self.python, self.argv, env, self.log_path, choice,
                                              self.preload)
@@ -295,7 +283,7 @@ class ProcessServer(ServerBase, ABC):
         return subprocess.Popen(
             self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, start_new_session=True, close_fds=True,
-            preexec_fn=_die_with_parent if os.environ.get(DIE_WITH_PARENT_ENV) else None,
+            preexec_fn=launcher.die_with_parent if os.environ.get(DIE_WITH_PARENT_ENV) else None,
         )
 
     def server_env(self) -> dict[str, str]:
