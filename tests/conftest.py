@@ -14,8 +14,10 @@
   `@pytest.mark.replot(name)`. A replot is ~10 s of one core (a notebook kernel and its
   imports); the suite without engines keeps the other core idle, so they run there meanwhile.
 - Engine tests run after all the others, replot users just before them (same order otherwise):
-  quick failures come first and the background replots overlap the quick tests. The test
-  marked `stops_shared_engine` (the panel's) runs last of all and stops the shared engine.
+  quick failures come first and the background replots overlap the quick tests. The fast-start
+  module (`fast_start`) runs after them, as it kills the session's launcher under an engine;
+  the test marked `stops_shared_engine` (the panel's) runs last of all and stops the shared
+  engine.
 """
 
 from __future__ import annotations
@@ -187,7 +189,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     engine tests last; each group in its own order (a stable sort)."""
     def group(item: pytest.Item) -> int:
         if item.get_closest_marker("stops_shared_engine"):
-            return 3  # after every other engine test, wherever its file sorts
+            return 4  # after every other engine test, wherever its file sorts
+        if item.get_closest_marker("fast_start"):
+            return 3  # it kills the session's launcher: after the tests that fork from it
         if item.get_closest_marker("engine"):
             return 2
         return 1 if item.get_closest_marker("replot") else 0

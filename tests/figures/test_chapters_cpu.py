@@ -254,13 +254,16 @@ def test_ch05_notebook_on_stored_rows(replots: dict[str, Replot]) -> None:
 
 @pytest.mark.engine
 def test_ch05_live(tmp_path: Path, shared_engine: SharedEngine) -> None:
-    """ch05's concurrency sweep, small, on the shared engine: a peak and a knee are found."""
-    params = _shared_only("ch05.yaml", {"load.users": [1, 4, 16], "load.prompts_per_user": 1,
+    """ch05's concurrency sweep, small, on the shared engine: a peak and a knee are found.
+    64 users saturate two cores whatever the noise (1 → 4 → 16 alone grew almost linearly in a
+    run whose one-user point was slow: no knee, by the rule's own terms)."""
+    users = [1, 4, 16, 64]
+    params = _shared_only("ch05.yaml", {"load.users": users, "load.prompts_per_user": 1,
                                         "load.min_prompts": 4})
     result = shared_engine.sweep(params, tmp_path).run()
-    assert (result.ok, result.failed) == (3, 0)
+    assert (result.ok, result.failed) == (len(users), 0)
     c = _claims(tmp_path / "ch05")["5.1"]
-    assert c.measured_value in (1, 4, 16) and c.verdict in VERDICTS_MEASURED
+    assert c.measured_value in users and c.verdict in (claims.HOLDS, claims.DIFFERS), c
 
 
 VERDICTS_MEASURED = (claims.HOLDS, claims.DIFFERS, claims.NOT_MEASURED)

@@ -28,6 +28,7 @@ import pytest
 
 from tunebook.models.presets import resolve_model
 from tunebook.servers import launcher as L
+from tunebook.servers import process
 from tunebook.servers.base import SERVED_NAME, ServerOptions
 from tunebook.servers.vllm import Engine
 
@@ -36,7 +37,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.fast_start]
 PROMPTS = ["def square(x):\n    return x * x\n\n\ndef cube(x):\n",
            "The capital of France is Paris. The capital of Italy is",
            "1, 2, 3, 4, 5,"]
-KNOBS = {"max_model_len": 512}
+# eager: no torch.compile on 2 cores (the benchmark shows fork and exec share its cache)
+KNOBS = {"max_model_len": 512, "enforce_eager": True}
 
 
 def _kill_launcher_then_ask(e: Engine) -> dict[str, Any]:
@@ -74,8 +76,8 @@ def _start(tmp: Path, name: str, fast: str, kv_gib: int, monkeypatch: pytest.Mon
 def starts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("fast")
     mp = pytest.MonkeyPatch()
-    # a launcher of this module's own, killed at the end; the session's are put back after
-    mp.setattr(L, "_LAUNCHERS", [])
+    # the session's launcher, killed at the end: this module runs after the other engine
+    # tests (conftest); a later start would start another launcher, not a plain engine
     mp.setattr(L, "_GAVE_UP", None)
     try:
         starts = {"plain": _start(tmp, "plain", "0", 1, mp),
@@ -117,7 +119,7 @@ def test_a_forked_start_is_the_same_engine(starts: dict[str, dict[str, Any]]) ->
 
 
 def test_phases_add_up(starts: dict[str, dict[str, Any]]) -> None:
-    for s in starts.values():
+    for s in (starts[k] for k in ("plain", "forked_2gib", "forked")):
         row = s["row"]
         phases = [v for k, v in row.items()
                   if k.startswith("start_") and k.endswith("_s") and v is not None]
@@ -134,9 +136,10 @@ def test_engine_env_reaches_the_forked_engine_and_does_not_leak(
 def test_an_engine_outlives_a_killed_launcher_then_starts_are_plain(
         starts: dict[str, dict[str, Any]]) -> None:
     forked = starts["forked"]
-    assert forked["launchers_killed"] == 1 and forked["status_after_kill"] == 200
-    with pytest.raises(ProcessLookupError):  # stopped as a whole: nothing of it is left
-        os.killpg(forked["pgid"], 0)
+    assert forked["launchers_killed"] >= 1 and forked["status_after_kill"] == 200
+    # stopped as a whole: nothing of it runs (its API server, now an orphan, may linger as a
+    # zombie until the machine's init reaps it)
+    assert not process._group_members(forked["pgid"])
     choices = starts["after_kill"]["choices"]
     assert [f for f, _ in choices] == [None, None]
     assert all(c.method == L.EXEC and "the launcher died" in (c.why or "") for _, c in choices)

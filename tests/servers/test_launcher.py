@@ -83,6 +83,52 @@ def test_exit_codes_come_back_as_popen_gives_them(launcher: L.Launcher, env: dic
     assert proc.wait(timeout=30) == -signal.SIGKILL
 
 
+def test_an_engine_stopped_the_moment_it_is_started_is_stopped(
+        launcher: L.Launcher, env: dict[str, str], tmp_path: Path) -> None:
+    """A start that times out at once (startup_timeout_s shorter than the launcher's import)
+    stops the engine just after the fork: its pid is answered only once it leads its own
+    process group, so stopping that group stops it."""
+    from tunebook.servers import process
+
+    for i in range(5):
+        proc = launcher.start(_argv(tmp_path / f"s{i}.json", "serve"), env,
+                              tmp_path / f"s{i}.log", False)
+        process.kill_group(proc.pid, grace_s=10)
+        assert proc.wait(timeout=30) in (-signal.SIGTERM, -signal.SIGKILL)
+        assert not process._group_members(proc.pid)
+
+
+_BORROWER = """
+import json, sys
+from pathlib import Path
+from tunebook.servers import launcher as L
+out, die = Path(sys.argv[1]), sys.argv[2] == "1"
+env = dict(L.os.environ, **({L.DIE_WITH_PARENT_ENV: "1"} if die else {}))
+argv = [sys.executable, "-m", "launchee", str(out / "seen.json"), "5"]
+forked, choice = L.launch(sys.executable, argv, env, out / "e.log", L.Choice(L.FULL_FORK))
+print(json.dumps({"method": choice.method, "code": forked.wait(30),
+                  "borrowed": [x.borrowed_pid for x in L._LAUNCHERS]}))
+"""
+
+
+@pytest.mark.parametrize("dies_with_parent", [False, True])
+def test_a_process_started_from_the_owner_forks_from_its_launcher(
+        launcher: L.Launcher, env: dict[str, str], tmp_path: Path,
+        dies_with_parent: bool) -> None:
+    """A papermill kernel or a spawned sweep (LAUNCHER_ENV in its environment) forks its
+    engines from its owner's launcher, and leaves it running; not an engine that must die
+    with that process."""
+    child_env = {**env, L.LAUNCHER_ENV: str(launcher.folder)}  # tunebook: installed
+    out = subprocess.run([sys.executable, "-c", _BORROWER, str(tmp_path), str(int(
+        dies_with_parent))], env=child_env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    said = json.loads(out.stdout.strip().splitlines()[-1])
+    assert said["method"] == L.FULL_FORK and said["code"] == 5  # its exit code came back
+    pid = json.loads((launcher.folder / "hello.json").read_text())["pid"]
+    assert said["borrowed"] == ([None] if dies_with_parent else [pid])
+    assert launcher.alive()  # the borrower's exit did not stop it
+
+
 def test_an_engine_outlives_its_launcher_and_its_code_is_lost(
         launcher: L.Launcher, env: dict[str, str], tmp_path: Path) -> None:
     proc = launcher.start(_argv(tmp_path / "c.json", "serve"), env, tmp_path / "c.log", False)
@@ -125,6 +171,10 @@ def test_a_variable_read_at_import_set_otherwise_is_a_plain_start(
     x.read_at_import = {"VLLM_LOGGING_LEVEL": None}  # what a vLLM import records
     assert x.differs(env) == [] and x.differs({**env, "VLLM_LOGGING_LEVEL": "DEBUG"}) == [
         "VLLM_LOGGING_LEVEL"]
+    # set to what the import sets it to itself (an owner that imported vLLM passes that on):
+    # the engine's own import would end the same
+    x.set_at_import = {"VLLM_LOGGING_LEVEL": "INFO"}
+    assert x.differs({**env, "VLLM_LOGGING_LEVEL": "INFO"}) == []
     # read when the interpreter or OpenMP starts: the launcher's would be the engine's
     assert x.differs({**env, "OMP_NUM_THREADS": "3", "PYTHONHASHSEED": "1"}) == [
         "OMP_NUM_THREADS", "PYTHONHASHSEED"]

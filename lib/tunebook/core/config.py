@@ -23,8 +23,11 @@ breaks once the package is installed without ``-e``: site-packages has no notebo
 
 from __future__ import annotations
 
+import importlib
 import os
+import threading
 from pathlib import Path
+from types import ModuleType
 
 HOME_ENV = "TUNEBOOK_HOME"
 OUTPUTS_ENV = "TUNEBOOK_OUTPUTS"
@@ -39,6 +42,41 @@ COMMIT_ENV = "TUNEBOOK_COMMIT"
 DEADLINE_ENV = "TUNEBOOK_DEADLINE"
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # lib/tunebook (this file is in core/)
+
+
+# What library imports in this process set in os.environ, as (before, after): importing vLLM's
+# client sets TORCHINDUCTOR_CACHE_DIR to /tmp/torchinductor_<user>, LD_LIBRARY_PATH to cv2's
+# folder, TORCHINDUCTOR_COMPILE_THREADS... Passed on, they would override tunebook's compile
+# cache for every engine started after the first load point, and make each such engine differ
+# from the launcher that should fork it.
+_SET_BY_IMPORTS: dict[str, tuple[str | None, str]] = {}
+_IMPORTS_LOCK = threading.Lock()
+
+
+def import_module(name: str) -> ModuleType:
+    """Import `name`, remembering what its import set in os.environ (user_environ leaves it
+    out). Imports of vLLM or torch in a tunebook process go through here."""
+    with _IMPORTS_LOCK:
+        before = dict(os.environ)
+        try:
+            return importlib.import_module(name)
+        finally:
+            for k, v in os.environ.items():
+                if before.get(k) != v and k not in _SET_BY_IMPORTS:
+                    _SET_BY_IMPORTS[k] = (before.get(k), v)
+
+
+def user_environ() -> dict[str, str]:
+    """os.environ as the user (or a test) set it: a variable that a library import set keeps
+    its value from before the import, unless something set it again since."""
+    env = dict(os.environ)
+    for k, (before, after) in _SET_BY_IMPORTS.items():
+        if env.get(k) == after:
+            if before is None:
+                env.pop(k, None)
+            else:
+                env[k] = before
+    return env
 
 
 class EnvError(ValueError):

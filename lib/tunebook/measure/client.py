@@ -29,6 +29,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from tunebook.core import config
 from tunebook.core.schema import COLUMN_NAMES
 from tunebook.inputs.load import LoadPoint
 
@@ -79,7 +80,7 @@ def prefetch_client() -> threading.Thread | None:
         with contextlib.suppress(OSError, AttributeError):  # Linux: the nice value is per thread
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         with contextlib.suppress(Exception):
-            import vllm.benchmarks.serve  # noqa: F401
+            config.import_module("vllm.benchmarks.serve")
 
     t = threading.Thread(target=work, name="tunebook-import-vllm-client", daemon=True)
     t.start()
@@ -161,7 +162,7 @@ def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
     import argparse
 
     t0 = time.monotonic()
-    from vllm.benchmarks import serve as vbs  # ~5 s the first time in a process (torch)
+    vbs = config.import_module("vllm.benchmarks.serve")  # ~5 s the first time (torch)
 
     t_import = time.monotonic() - t0
     _install_hooks(vbs)

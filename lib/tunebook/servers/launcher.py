@@ -51,6 +51,10 @@ LOST = -255  # exit code of an engine whose launcher died before it could say
 # Read once, when a process or a library in it starts (the interpreter, the dynamic loader,
 # OpenMP, malloc): a forked engine has the launcher's, whatever its environment says.
 STARTUP_VARS = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MALLOC_")
+# A running launcher's folder, in the environment of the processes its owner starts (a papermill
+# kernel, a spawned sweep): they fork their engines from it instead of importing vLLM into one
+# of their own. Not for engines that must die with their process (DIE_WITH_PARENT_ENV).
+LAUNCHER_ENV = "TUNEBOOK_LAUNCHER"
 # set for the sweep a Ray task runs: its engines die with it (tunebook.servers.base says why)
 DIE_WITH_PARENT_ENV = "TUNEBOOK_ENGINE_DIES_WITH_PARENT"
 READY_TIMEOUT_S = 300.0  # importing the server (cold page cache, a slow disk)
@@ -186,9 +190,10 @@ def _title(title: str) -> None:
     setproctitle.setproctitle(title)
 
 
-def _child(req: dict[str, Any], listener: socket.socket, conn: socket.socket) -> None:
+def _child(req: dict[str, Any], listener: socket.socket, conn: socket.socket,
+           settled: int) -> None:
     """In the forked child: become the engine `req` asks for, as `python -m` would; never
-    returns."""
+    returns. `settled` is written to (and closed) once it leads its own process group."""
     code = 1
     try:
         if req["env"].get(DIE_WITH_PARENT_ENV):
@@ -198,9 +203,13 @@ def _child(req: dict[str, Any], listener: socket.socket, conn: socket.socket) ->
                 os._exit(1)
         listener.close()
         conn.close()
-        os.setsid()  # its own process group: stopped and reaped as a whole, as a plain start
+        # a plain start's signal handling before anyone can signal it: the launcher's SIGTERM
+        # handler would make a stop right after the fork an exit with code 0
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        os.setsid()  # its own process group: stopped and reaped as a whole, as a plain start
+        os.write(settled, b"1")
+        os.close(settled)
         log = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -270,7 +279,9 @@ def serve(sock_path: Path, module: str, preload: list[str]) -> None:
     # otherwise touch (and so copy) every page it shares with the launcher
     gc.collect()
     gc.freeze()
-    hello = {"pid": os.getpid(), "module": module, "read_at_import": read}
+    after = dict(os.environ)
+    hello = {"pid": os.getpid(), "module": module, "read_at_import": read,
+             "set_at_import": {k: v for k, v in after.items() if k in read and read[k] != v}}
     (sock_path.parent / "hello.json").write_text(json.dumps(hello))  # ready
     try:
         while os.getppid() == owner:
@@ -282,13 +293,22 @@ def serve(sock_path: Path, module: str, preload: list[str]) -> None:
             with conn:
                 conn.settimeout(30)
                 req = json.loads(conn.makefile("rb").readline())
+                settled, tell = os.pipe()
                 try:
                     pid = os.fork()
                 except OSError as e:
+                    os.close(settled)
+                    os.close(tell)
                     conn.sendall((json.dumps({"error": f"fork: {e}"}) + "\n").encode())
                     continue
                 if pid == 0:
-                    _child(req, listener, conn)
+                    os.close(settled)
+                    _child(req, listener, conn, tell)
+                os.close(tell)
+                # answered once the child leads its own process group (or is gone): the
+                # owner may stop the engine at once, and stops it by that group
+                os.read(settled, 1)
+                os.close(settled)
                 conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
     finally:
         _reap(exits)
@@ -378,7 +398,9 @@ class Launcher:
     def __init__(self, python: str, module: str, folder: Path, preload: tuple[str, ...] = ()):
         self.python, self.module, self.folder, self.preload = python, module, folder, preload
         self.proc: subprocess.Popen | None = None
+        self.borrowed_pid: int | None = None  # another process's launcher (attach)
         self.read_at_import: dict[str, str | None] = {}
+        self.set_at_import: dict[str, str] = {}  # what the import itself set of those
         self.start_env: dict[str, str] = {}  # the environment it was started with
         self.error: str | None = None  # why it could not start: every start is plain then
         self._stopping = False
@@ -387,7 +409,23 @@ class Launcher:
     def sock_path(self) -> Path:
         return self.folder / "launcher.sock"
 
+    @classmethod
+    def attach(cls, folder: Path) -> Launcher | None:
+        """The launcher another tunebook process started in `folder`, if it is up; stopping
+        this handle leaves it to its owner."""
+        try:
+            hello = json.loads((folder / "hello.json").read_text())
+            owner = json.loads((folder / "owner.json").read_text())
+        except (OSError, ValueError):
+            return None
+        x = cls(owner["python"], hello["module"], folder, tuple(owner["preload"]))
+        x.borrowed_pid, x.start_env = int(hello["pid"]), owner["start_env"]
+        x.read_at_import, x.set_at_import = hello["read_at_import"], hello["set_at_import"]
+        return x if x.alive() else None
+
     def alive(self) -> bool:
+        if self.borrowed_pid is not None:
+            return _running(self.borrowed_pid)
         return self.proc is not None and self.proc.poll() is None
 
     def ensure(self, env: dict[str, str]) -> bool:
@@ -401,6 +439,9 @@ class Launcher:
             (self.folder / stale).unlink(missing_ok=True)
         log = self.folder / "launcher.log"
         self.start_env = dict(env)
+        (self.folder / "owner.json").write_text(json.dumps(
+            {"python": self.python, "preload": self.preload, "start_env": {
+                k: v for k, v in env.items() if k.startswith(STARTUP_VARS)}}))
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [self.python, "-m", "tunebook.servers.launcher", str(self.sock_path),
@@ -417,14 +458,19 @@ class Launcher:
                 self.stop()
                 return False
             time.sleep(0.05)
-        self.read_at_import = json.loads(hello.read_text())["read_at_import"]
+        said = json.loads(hello.read_text())
+        self.read_at_import, self.set_at_import = said["read_at_import"], said["set_at_import"]
         return True
 
     def differs(self, env: dict[str, str]) -> list[str]:
         """Variables `env` sets otherwise than the launcher had, where that matters: those
-        vLLM looked up while imported, and those read when a process or a library starts
-        (the interpreter's, the loader's, OpenMP's, malloc's: STARTUP_VARS)."""
-        at_import = [k for k, v in self.read_at_import.items() if env.get(k) != v]
+        vLLM looked up while imported (unless set to what that import set them to itself),
+        and those read when a process or a library starts (the interpreter's, the loader's,
+        OpenMP's, malloc's: STARTUP_VARS)."""
+        at_import = [k for k, v in self.read_at_import.items() if env.get(k) != v
+                     # set to what vLLM's import sets it to anyway (an owner that imported
+                     # vLLM itself passes on TORCHINDUCTOR_COMPILE_THREADS=1 …): same outcome
+                     and env.get(k) != self.set_at_import.get(k, v)]
         started = {k for k in {*env, *self.start_env} if k.startswith(STARTUP_VARS)}
         return sorted({*at_import,
                        *(k for k in started if env.get(k) != self.start_env.get(k))})
@@ -443,10 +489,15 @@ class Launcher:
 
     def died_unasked(self) -> bool:
         """It exited without stop() asking (killed, crashed)."""
-        return self.proc is not None and self.proc.poll() is not None and not self._stopping
+        return not self._stopping and (self.proc is not None or self.borrowed_pid is not None) \
+            and not self.alive()
 
     def stop(self) -> None:
         self._stopping = True
+        if self.borrowed_pid is not None:
+            return  # its owner's
+        if os.environ.get(LAUNCHER_ENV) == str(self.folder):
+            del os.environ[LAUNCHER_ENV]
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -498,15 +549,16 @@ def _launch(python: str, argv: list[str], env: dict[str, str], log: Path,
         env = {**env, MP_METHOD_ENV: "fork"}
     global _GAVE_UP
     for x in [x for x in _LAUNCHERS if x.died_unasked()]:
-        _GAVE_UP = (f"the launcher died (exit code {x.proc.returncode}): plain starts from "
-                    "then on in this process")
+        how = (f"exit code {x.proc.returncode}" if x.proc is not None else
+               f"pid {x.borrowed_pid}, started by the tunebook process this one came from")
+        _GAVE_UP = f"the launcher died ({how}): plain starts from then on in this process"
         print(f"tunebook: {_GAVE_UP}", file=sys.stderr)  # once: later starts just say it
         stop_all()
     if _GAVE_UP:
         return None, Choice(EXEC, _GAVE_UP)
     fit = [x for x in _LAUNCHERS if x.python == python and x.module == module and x.alive()
            and not x.differs(env)]
-    launcher = fit[0] if fit else None
+    launcher = fit[0] if fit else _borrow(python, module, env)
     if launcher is None:
         while len(_LAUNCHERS) >= MAX_LAUNCHERS:
             _LAUNCHERS.pop(0).stop()
@@ -519,6 +571,7 @@ def _launch(python: str, argv: list[str], env: dict[str, str], log: Path,
             _GAVE_UP = f"{launcher.error}: plain starts from then on in this process"
             print(f"tunebook: {_GAVE_UP}", file=sys.stderr)
             return None, Choice(EXEC, _GAVE_UP)
+        os.environ[LAUNCHER_ENV] = str(launcher.folder)  # for the processes this one starts
         if differs := launcher.differs(env):  # vLLM read something at import that env changes
             return None, Choice(EXEC, "set differently from what vLLM read when imported: "
                                       + ", ".join(differs))
@@ -526,6 +579,22 @@ def _launch(python: str, argv: list[str], env: dict[str, str], log: Path,
         return launcher.start(argv, env, log, core_fork), choice
     except OSError as e:
         return None, Choice(EXEC, f"the launcher did not start it: {e}")
+
+
+def _borrow(python: str, module: str, env: dict[str, str]) -> Launcher | None:
+    """The launcher of the tunebook process that started this one (LAUNCHER_ENV), when it can
+    fork this engine. An engine that must die with this process (DIE_WITH_PARENT_ENV) is not
+    forked from it: it would be that launcher's child, not ours."""
+    folder = os.environ.get(LAUNCHER_ENV)
+    if not folder or env.get(DIE_WITH_PARENT_ENV):
+        return None
+    x = Launcher.attach(Path(folder))
+    if x is None or x.python != python or x.module != module or x.differs(env):
+        return None
+    while len(_LAUNCHERS) >= MAX_LAUNCHERS:
+        _LAUNCHERS.pop(0).stop()
+    _LAUNCHERS.append(x)
+    return x
 
 
 @atexit.register

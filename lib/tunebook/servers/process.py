@@ -290,8 +290,9 @@ class ProcessServer(ServerBase, ABC):
         """The server's environment: ours, the config's VLLM_* variables, then tunebook's own
         (the API key, no usage stats, no colour; dev mode only when the options ask)."""
         # the compile cache first: the shell and the config may point it elsewhere
-        env = {**compile_cache.server_env(), **os.environ, **self.env, "VLLM_API_KEY": self.api_key,
-               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
+        env = {**compile_cache.server_env(), **config.user_environ(), **self.env,
+               "VLLM_API_KEY": self.api_key, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "PYTHONUNBUFFERED": "1",
                # Jupyter kernels force colour; a log full of escape codes is hard to read.
                "VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1"}
         for name in ("OPENAI_API_KEY", "FORCE_COLOR", "CLICOLOR_FORCE", DEV_MODE_ENV):

@@ -94,7 +94,7 @@ def claim_slot(slots: int, root: Path) -> Iterator[Slot]:
 def worker_env(slot: Slot | None, state_dir: Path, gpu: bool) -> dict[str, str]:
     """The subprocess's environment: its own state folder (engine pid files, the machine lock of
     its slot), the driver's API key (vLLM 0.26 hashes it into compile caches), its cores."""
-    env = {k: v for k, v in os.environ.items()
+    env = {k: v for k, v in config.user_environ().items()
            if k not in (RAY_ENV, RAY_SLOTS_ENV)}  # the task's sweep runs here
     env.update({config.STATE_DIR_ENV: str(state_dir), "TUNEBOOK_BATCH": "1",
                 DIE_WITH_PARENT_ENV: "1"})  # a driver killed hard leaves no engine running

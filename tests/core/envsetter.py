@@ -1,0 +1,7 @@
+"""Imported by tests/core/test_environ.py: an import that sets variables, as torch's and
+vLLM's do (TORCHINDUCTOR_CACHE_DIR, LD_LIBRARY_PATH, …)."""
+
+import os
+
+os.environ["TUNEBOOK_TEST_CHANGED"] = "by the import"
+os.environ["TUNEBOOK_TEST_ADDED"] = "by the import"

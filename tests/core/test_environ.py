@@ -1,0 +1,30 @@
+"""What an import sets in os.environ is not passed on as the user's (config.user_environ)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tunebook.core import config
+from tunebook.models.presets import resolve_model
+from tunebook.servers.vllm import Engine
+
+
+def test_an_imports_variables_stay_out_of_engines(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.setattr(config, "_SET_BY_IMPORTS", {})
+    monkeypatch.delitem(sys.modules, "envsetter", raising=False)
+    monkeypatch.setenv("TUNEBOOK_TEST_CHANGED", "by the user")
+    monkeypatch.delenv("TUNEBOOK_TEST_ADDED", raising=False)
+    config.import_module("envsetter")
+    env = config.user_environ()
+    assert env["TUNEBOOK_TEST_CHANGED"] == "by the user" and "TUNEBOOK_TEST_ADDED" not in env
+    e = Engine(resolve_model("qwen3-tiny"), {}, {}, tmp_path / "e.log")
+    assert e.server_env()["TUNEBOOK_TEST_CHANGED"] == "by the user"
+    assert "TUNEBOOK_TEST_ADDED" not in e.server_env()
+    # set again after the import, by the user or a test: theirs
+    monkeypatch.setenv("TUNEBOOK_TEST_ADDED", "by the user")
+    assert config.user_environ()["TUNEBOOK_TEST_ADDED"] == "by the user"
