@@ -150,8 +150,13 @@ def test_a_dead_launcher_makes_later_starts_plain_and_says_why(
     argv = _argv(tmp_path / "d.json", "0")
     proc, got = L.launch(sys.executable, argv, env, tmp_path / "d.log", choice)
     assert proc is not None and got.method == L.API_FORK and proc.wait(timeout=30) == 0
-    L._LAUNCHERS[0].proc.kill()
-    L._LAUNCHERS[0].proc.wait(timeout=30)
+    # a second launcher (OpenMP's variables differ): both die, it is said once all the same
+    proc, got = L.launch(sys.executable, argv, {**env, "OMP_NUM_THREADS": "3"},
+                         tmp_path / "d2.log", choice)
+    assert proc is not None and proc.wait(timeout=30) == 0 and len(L._LAUNCHERS) == 2
+    for x in L._LAUNCHERS:
+        x.proc.kill()
+        x.proc.wait(timeout=30)
     proc, got = L.launch(sys.executable, argv, env, tmp_path / "e.log", choice)
     assert proc is None and got.method == L.EXEC and "the launcher died" in got.why
     assert capsys.readouterr().err.count("the launcher died") == 1

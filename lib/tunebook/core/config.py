@@ -19,6 +19,8 @@ breaks once the package is installed without ``-e``: site-packages has no notebo
     TUNEBOOK_FAST_START unset or 1: vLLM engines forked from a process that has imported
                         vLLM (tunebook.servers.launcher); api: the API server only;
                         0: plain starts
+    TUNEBOOK_LAUNCHER   set by tunebook, not by you: its launcher's folder, so the processes
+                        it starts (a papermill kernel, a spawned sweep) fork from it
 """
 
 from __future__ import annotations

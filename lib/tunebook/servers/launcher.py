@@ -548,7 +548,9 @@ def _launch(python: str, argv: list[str], env: dict[str, str], log: Path,
     if core_fork:
         env = {**env, MP_METHOD_ENV: "fork"}
     global _GAVE_UP
-    for x in [x for x in _LAUNCHERS if x.died_unasked()]:
+    dead = [x for x in _LAUNCHERS if x.died_unasked()]
+    if dead:
+        x = dead[0]
         how = (f"exit code {x.proc.returncode}" if x.proc is not None else
                f"pid {x.borrowed_pid}, started by the tunebook process this one came from")
         _GAVE_UP = f"the launcher died ({how}): plain starts from then on in this process"
