@@ -228,7 +228,12 @@ def _child(req: dict[str, Any], listener: socket.socket, conn: socket.socket,
         if req.get("core_fork"):
             _keep_fork_on_cpu()
         import runpy
+        import warnings
 
+        # runpy warns that the module it runs as __main__ is imported already (the launcher
+        # imported it): true and meant, and a plain start's log has no such line
+        warnings.filterwarnings("ignore", category=RuntimeWarning,
+                                message=f"'{module}' found in sys.modules after import")
         sys.argv = [argv[0], *argv[3:]]
         _title(" ".join(argv))  # what `ps` shows for a plain start
         port = _flag(argv, "--port")
