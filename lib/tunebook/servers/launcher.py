@@ -406,7 +406,7 @@ class Launcher:
         self.borrowed_pid: int | None = None  # another process's launcher (attach)
         self.read_at_import: dict[str, str | None] = {}
         self.set_at_import: dict[str, str] = {}  # what the import itself set of those
-        self.start_env: dict[str, str] = {}  # the environment it was started with
+        self.start_env: dict[str, str] = {}  # its STARTUP_VARS when it was started
         self.error: str | None = None  # why it could not start: every start is plain then
         self._stopping = False
 
@@ -443,10 +443,9 @@ class Launcher:
         for stale in ("launcher.sock", "hello.json"):
             (self.folder / stale).unlink(missing_ok=True)
         log = self.folder / "launcher.log"
-        self.start_env = dict(env)
+        self.start_env = {k: v for k, v in env.items() if k.startswith(STARTUP_VARS)}
         (self.folder / "owner.json").write_text(json.dumps(
-            {"python": self.python, "preload": self.preload, "start_env": {
-                k: v for k, v in env.items() if k.startswith(STARTUP_VARS)}}))
+            {"python": self.python, "preload": self.preload, "start_env": self.start_env}))
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [self.python, "-m", "tunebook.servers.launcher", str(self.sock_path),
@@ -567,12 +566,9 @@ def _launch(python: str, argv: list[str], env: dict[str, str], log: Path,
            and not x.differs(env)]
     launcher = fit[0] if fit else _borrow(python, module, env)
     if launcher is None:
-        while len(_LAUNCHERS) >= MAX_LAUNCHERS:
-            _LAUNCHERS.pop(0).stop()
         # a short temporary folder: a Unix socket's path has at most ~100 bytes
-        launcher = Launcher(python, module, Path(tempfile.mkdtemp(prefix="tunebook-launcher-")),
-                            preload)
-        _LAUNCHERS.append(launcher)
+        launcher = _keep(Launcher(python, module,
+                                  Path(tempfile.mkdtemp(prefix="tunebook-launcher-")), preload))
         if not launcher.ensure(env):  # it cannot run here: no point paying its import again
             _LAUNCHERS.remove(launcher)
             _GAVE_UP = f"{launcher.error}: plain starts from then on in this process"
@@ -598,6 +594,11 @@ def _borrow(python: str, module: str, env: dict[str, str]) -> Launcher | None:
     x = Launcher.attach(Path(folder))
     if x is None or x.python != python or x.module != module or x.differs(env):
         return None
+    return _keep(x)
+
+
+def _keep(x: Launcher) -> Launcher:
+    """`x` among this process's launchers, the oldest let go when there are MAX_LAUNCHERS."""
     while len(_LAUNCHERS) >= MAX_LAUNCHERS:
         _LAUNCHERS.pop(0).stop()
     _LAUNCHERS.append(x)
