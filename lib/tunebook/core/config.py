@@ -21,11 +21,14 @@ breaks once the package is installed without ``-e``: site-packages has no notebo
                         0: plain starts
     TUNEBOOK_LAUNCHER   set by tunebook, not by you: its launcher's folder, so the processes
                         it starts (a papermill kernel, a spawned sweep) fork from it
+    TUNEBOOK_SET_BY_IMPORTS  set by tunebook, not by you: what imports in its process set in
+                        the environment (see user_environ), for the processes it starts
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import threading
 from pathlib import Path
@@ -50,9 +53,21 @@ _PACKAGE = Path(__file__).resolve().parents[1]  # lib/tunebook (this file is in 
 # client sets TORCHINDUCTOR_CACHE_DIR to /tmp/torchinductor_<user>, LD_LIBRARY_PATH to cv2's
 # folder, TORCHINDUCTOR_COMPILE_THREADS... Passed on, they would override tunebook's compile
 # cache for every engine started after the first load point, and make each such engine differ
-# from the launcher that should fork it.
-_SET_BY_IMPORTS: dict[str, tuple[str | None, str]] = {}
+# from the launcher that should fork it. A process tunebook starts (a papermill kernel, a
+# spawned sweep) inherits them in its environment: SET_BY_IMPORTS_ENV tells it which they are.
+SET_BY_IMPORTS_ENV = "TUNEBOOK_SET_BY_IMPORTS"
 _IMPORTS_LOCK = threading.Lock()
+
+
+def _inherited() -> dict[str, tuple[str | None, str]]:
+    try:
+        said = json.loads(os.environ.get(SET_BY_IMPORTS_ENV) or "{}")
+        return {k: (before, after) for k, (before, after) in said.items()}
+    except (ValueError, TypeError):  # not ours to judge: nothing is taken back
+        return {}
+
+
+_SET_BY_IMPORTS: dict[str, tuple[str | None, str]] = _inherited()
 
 
 def import_module(name: str) -> ModuleType:
@@ -66,6 +81,8 @@ def import_module(name: str) -> ModuleType:
             for k, v in os.environ.items():
                 if before.get(k) != v and k not in _SET_BY_IMPORTS:
                     _SET_BY_IMPORTS[k] = (before.get(k), v)
+            if _SET_BY_IMPORTS:
+                os.environ[SET_BY_IMPORTS_ENV] = json.dumps(_SET_BY_IMPORTS)
 
 
 def user_environ() -> dict[str, str]:
