@@ -32,7 +32,8 @@ from tunebook.servers import process
 from tunebook.servers.base import SERVED_NAME, ServerOptions
 from tunebook.servers.vllm import Engine
 
-pytestmark = [pytest.mark.engine, pytest.mark.fast_start]
+# own_lane: its three starts need no shared engine (scripts/run_tests.py)
+pytestmark = [pytest.mark.engine, pytest.mark.fast_start, pytest.mark.own_lane]
 
 PROMPTS = ["def square(x):\n    return x * x\n\n\ndef cube(x):\n",
            "The capital of France is Paris. The capital of Italy is",
