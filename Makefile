@@ -34,7 +34,7 @@ demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML 
 	$(BIN)/tunebook run $(PARAMS)
 
 test: $(STAMP) models ## the whole suite, real vLLM engines included (~11 min on 2 cores in a fresh clone, 18 engine starts; .ci/run with its install ~13 min)
-	$(BIN)/python scripts/run_tests.py
+	$(BIN)/python -m pytest -q -ra tests
 
 test-fast-start: $(STAMP) models ## only the plain-vs-launcher starts of SmolLM2 (in make test too; 3 engine starts, ~1 min)
 	$(BIN)/python -m pytest -q -ra -m fast_start tests

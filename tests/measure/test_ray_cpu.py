@@ -25,8 +25,7 @@ from conftest import LIB, SHARED_ENGINE
 from tunebook.inputs import params as P
 from tunebook.inputs.plan import make_plan
 
-# own_lane: the sweeps and their Ray cluster are processes of their own (scripts/run_tests.py)
-pytestmark = [pytest.mark.engine, pytest.mark.own_lane]
+pytestmark = pytest.mark.engine
 
 LOAD = {"users": [1], "input_len": 64, "output_len": 16, "prompts_per_user": 2,
         "num_warmups": 0}

@@ -32,8 +32,7 @@ from tunebook.servers import process
 from tunebook.servers.base import SERVED_NAME, ServerOptions
 from tunebook.servers.vllm import Engine
 
-# own_lane: its three starts need no shared engine (scripts/run_tests.py)
-pytestmark = [pytest.mark.engine, pytest.mark.fast_start, pytest.mark.own_lane]
+pytestmark = [pytest.mark.engine, pytest.mark.fast_start]
 
 PROMPTS = ["def square(x):\n    return x * x\n\n\ndef cube(x):\n",
            "The capital of France is Paris. The capital of Italy is",
