@@ -193,7 +193,50 @@ summary = workbook.search(params_file, overrides, outputs, dry_run=dry_run)"""),
     return nb
 
 
+def traces_notebook() -> nbf.NotebookNode:
+    nb = nbf.v4.new_notebook()
+    nb.cells = [
+        md("""# Real traffic: replaying production traces
+
+The load of every other chapter is synthetic. Here it is a **workload file**: a production request
+trace (arrival times, prompt and answer lengths, shared-prefix blocks) or a prompt set, sent by
+**vLLM's own benchmark client** — Mooncake-style traces through its `timed_trace` dataset, on the
+trace's own clock, CSV traces (Azure LLM inference, BurstGPT) converted to it, ShareGPT and JSONL
+prompt files through its `sharegpt` and `custom` datasets.
+
+A replay's load axis is its **speed**: 2× sends the same requests at twice the trace's rate. What
+was cut and scaled for this machine (a window, `length_scale`, caps) is in every row and in the run
+id. A run is judged by **goodput**: the requests that met every per-request bound (`goodput:`).
+
+Unattended: `tunebook run params/traces.yaml`. Bring your own file: `load.file`, and
+`tunebook plan` checks it line by line before any engine starts."""),
+        parameters("../params/traces.yaml"),
+        code(SETUP),
+        *RUN,
+        md("## The workload: asked and sent\nPer trace: what the file asked (its prepared "
+           "requests, at the fastest replay speed) beside what vLLM's client sent, then per run "
+           "the goodput and the prefix cache the trace's hash ids predict beside the engine's "
+           "own hits."),
+        code("wb.workload()"),
+        md("## Throughput and latency as the trace speeds up\nOne curve per engine config: "
+           "output throughput, then p99 time to first token, against the replay speed."),
+        code('wb.replay("output_tok_s")'),
+        code('wb.replay("p99_ttft_ms")'),
+        md("## Goodput\nRequests per second that met every bound, and the share of those "
+           "sent: where the trace's traffic stops being served well on this machine."),
+        code('wb.replay("request_goodput_req_s")'),
+        code('wb.replay("slo_attainment")'),
+        *STARTS,
+        md("## The numbers\nPer engine config and replay speed, then every run that did not "
+           "succeed, with the line that explains it."),
+        code("wb.summary()"),
+        code("wb.failures()"),
+    ]
+    return nb
+
+
 BUILDERS = {"00_quickstart": quickstart, "10_tune": tune, "20_slo": slo_notebook,
+            "30_traces": traces_notebook,
             **{ch.notebook: (lambda ch=ch: chapter(ch)) for ch in figures.CHAPTERS.values()
                if ch.notebook}}
 

@@ -56,9 +56,10 @@ def test_committed_experiments_still_resume_as_done(path: Path) -> None:
 
 def _legacy_digest(point: LoadPoint) -> str:
     """The id hash as tunebook computed it before reset_prefix_cache, seed and ignore_eos
-    existed."""
+    existed (and the workload file's fields)."""
     old = {k: v for k, v in asdict(point).items()
-           if k not in ("reset_prefix_cache", "seed", "ignore_eos")}
+           if k not in ("reset_prefix_cache", "seed", "ignore_eos", "workload", "replay_speed",
+                        "goodput")}
     return hashlib.sha256(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:6]
 
 

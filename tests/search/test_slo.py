@@ -97,7 +97,7 @@ def test_typos_are_answered_with_the_name_meant() -> None:
     assert "did you mean 'max_num_batched_tokens'?" in said["search.knobs.max_num_batched_token"]
     assert "did you mean 'budget'?" in said["search.budgett"]
     with pytest.raises(slo.SearchSpecError) as e:
-        slo.parse_slo(["p99_tpot_m <= 50", "goodput >= 3"])
+        slo.parse_slo(["p99_tpot_m <= 50", "happiness >= 3"])
     said = dict(e.value.problems)
     assert "did you mean 'p99_tpot_ms'?" in said["slo[0]"]
     assert "did you mean" not in said["slo[1]"]  # nothing near: no guess

@@ -51,6 +51,9 @@ _TITLES = {
     "request_throughput_req_s": "Completed requests (req/s)",
     "max_concurrency": "Concurrent users (max_concurrency, log2)",
     "request_rate": "Offered load (req/s, log2)",
+    "replay_speed": "Replay speed (× the trace's own request rate, log2)",
+    "request_goodput_req_s": "Goodput: requests that met every bound (req/s)",
+    "slo_attainment": "Requests that met every bound (share of those sent)",
 }
 _QUALIFIER = {"=": "", "≈": "≈ ", ">": "> ", "≤": "≤ "}
 _VL_VERSION = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
@@ -870,3 +873,49 @@ __all__ = [
     "latency_percentiles", "manual_panel", "offline_html", "overlay", "ratio_bars",
     "ratio_first", "ref_bars", "ref_text", "save_chart", "save_spec", "scaling", "scaling_ratios",
 ]
+
+
+# --- a workload file's profile (tunebook.results.workload) -------------------------------------
+def workload_profile(asked: pd.DataFrame, sent: pd.DataFrame, title: str,
+                     bin_s: float = 10.0) -> alt.VConcatChart:
+    """What a workload asked (its prepared requests, at the replay speed) beside what vLLM's
+    client sent (one run's per-request arrays): arrivals per second over time, then input and
+    output tokens per request."""
+    frames = []
+    if not asked.empty:
+        frames.append(asked.assign(which="asked (the file)", t_s=asked["arrival_s"]))
+    if not sent.empty:
+        frames.append(sent.assign(which="sent (vLLM's client)", t_s=sent["start_s"]))
+    if not frames:
+        raise ValueError("nothing to profile: no requests asked or sent")
+    both = pd.concat(frames, ignore_index=True)
+    colour = alt.Color("which:N", title=None,
+                       scale=alt.Scale(range=[REFERENCE_STROKE, PALETTE[0]]),
+                       legend=alt.Legend(orient="top"))
+    timed = both.dropna(subset=["t_s"])
+    rate = None
+    if not timed.empty:
+        t = timed.assign(bin_s=(timed["t_s"] // bin_s) * bin_s)
+        per = t.groupby(["which", "bin_s"]).size().rename("requests").reset_index()
+        per["req_s"] = per["requests"] / bin_s
+        rate = alt.Chart(per).mark_line(point=True, interpolate="step-after").encode(
+            x=alt.X("bin_s:Q", title=f"Seconds after the first request ({bin_s:g}-s bins)"),
+            y=alt.Y("req_s:Q", title="Arrivals (req/s)"), color=colour,
+            tooltip=["which", alt.Tooltip("bin_s:Q", title="from s"),
+                     alt.Tooltip("req_s:Q", title="req/s", format=".2f")],
+        ).properties(width=2 * WIDTH + 60, height=160,
+                     title=titled("Arrivals over time"))
+
+    def lengths(column: str, what: str) -> alt.Chart:
+        d = both.dropna(subset=[column])
+        return alt.Chart(d).transform_joinaggregate(n="count()", groupby=["which"]) \
+            .transform_calculate(share="1 / datum.n").mark_bar(opacity=0.55).encode(
+                x=alt.X(f"{column}:Q", bin=alt.Bin(maxbins=30), title=f"{what} (tokens)"),
+                y=alt.Y("sum(share):Q", stack=None, title="Share of requests",
+                        axis=alt.Axis(format="%")),
+                color=colour,
+            ).properties(width=WIDTH, height=HEIGHT - 60, title=titled(f"{what} per request"))
+
+    hist = alt.hconcat(lengths("input_len", "Input"), lengths("output_len", "Output"))
+    parts = [c for c in (rate, hist) if c is not None]
+    return alt.vconcat(*parts).properties(title=titled(title)).resolve_scale(color="shared")

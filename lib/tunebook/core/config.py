@@ -134,6 +134,11 @@ def model_cache_dir() -> Path:
     return Path(env).expanduser() if env else home() / ".cache" / "models"
 
 
+def workloads_dir() -> Path:
+    """Prepared workload files (tunebook.inputs.workloads), named by their content."""
+    return model_cache_dir() / "workloads"
+
+
 def smollm2_gguf() -> Path | None:
     """The GGUF named by TUNEBOOK_SMOLLM2_GGUF, if set (tunebook.models.gguf checks it)."""
     env = os.environ.get(SMOLLM2_GGUF_ENV)

@@ -94,11 +94,13 @@ COLUMNS: tuple[Column, ...] = (
     _C("model", "string", "model spec as written in params (preset, folder or hub id)"),
     _C("load_format", "string", "vLLM --load-format: 'dummy' means random weights"),
     # --- load point (vLLM bench serve arguments) ------------------------------------------
-    _C("dataset", "string", "random | random_prefix | prefix_repetition | block_reuse "
-                            "(Fig 3.3's probe: two requests, see tunebook.measure.probe)"),
+    _C("dataset", "string", "random | random_prefix | prefix_repetition | a prompt set | "
+                            "file (a workload file: workload_*) | block_reuse (Fig 3.3's "
+                            "probe: two requests, see tunebook.measure.probe)"),
     _C("max_concurrency", "Int64", "concurrent users (vLLM --max-concurrency); <NA> = unbounded"),
     _C("request_rate", "float64", "offered load in requests/s; <NA> = all at once (inf)"),
-    _C("input_len", "Int64", "prompt tokens per request (random part)"),
+    _C("input_len", "Int64", "prompt tokens per request (random part; a workload file: the "
+                             "mean of its requests, 0 when it gives text)"),
     _C("output_len", "Int64", "output tokens per request (at most, when ignore_eos is false)"),
     _C("ignore_eos", "boolean", "every request wrote output_len tokens (vLLM's --ignore-eos); "
        "false: answers ended at the model's EOS (real weights)"),
@@ -112,6 +114,29 @@ COLUMNS: tuple[Column, ...] = (
        "the engine's prefix cache was emptied (POST /reset_prefix_cache) just before this load "
        "point; False: not asked (load.reset_prefix_cache false) or the reset failed (then the "
        "run is 'failed' and error says why); <NA>: rows from before tunebook reset caches"),
+    # --- a workload file (dataset file: tunebook.inputs.workloads) --------------------------
+    _C("replay_speed", "float64", "a trace replayed at this multiple of its own request rate "
+                                  "(its timestamps ÷ it); <NA>: not a replay"),
+    _C("workload_file", "string", "the workload file's name (no folder)"),
+    _C("workload_format", "string", "its format: sharegpt | custom | timed_trace | csv"),
+    _C("workload_sha", "string", "the prepared requests' content hash (in the run id)"),
+    _C("workload_vllm_dataset", "string", "the dataset of vLLM's client that sent it "
+                                          "(a CSV trace is sent as timed_trace)"),
+    _C("workload_requests", "Int64", "requests in the prepared workload"),
+    _C("workload_duration_s", "float64", "the window's length on the trace's own clock, s"),
+    _C("workload_window_start_s", "float64", "load.window_s start, s of the trace's clock"),
+    _C("workload_window_end_s", "float64", "load.window_s end, s of the trace's clock"),
+    _C("workload_first", "Int64", "load.first: only the first N requests"),
+    _C("workload_length_scale", "float64", "every length × this (and the hash-id blocks)"),
+    _C("workload_max_input_len", "Int64", "input tokens capped here, after scaling"),
+    _C("workload_max_output_len", "Int64", "output tokens capped here, after scaling"),
+    _C("workload_block_tokens", "Int64", "tokens per hash id as sent (timed_trace)"),
+    _C("workload_capped_inputs", "Int64", "requests whose input max_input_len cut"),
+    _C("workload_capped_outputs", "Int64", "requests whose output max_output_len cut"),
+    _C("workload_conversion", "string", "how the file was changed to be sent; <NA>: as is"),
+    _C("workload_shared_prefix_share", "float64",
+       "share of prompt tokens in blocks an earlier request of the window sent (the trace's "
+       "hash ids): what an unbounded prefix cache would serve; compare prefix_cache_hit_tokens"),
     # --- vLLM's metrics, names as vLLM reports them (units in the name) ------------------
     _C("duration_s", "float64", "benchmark wall time, seconds"),
     _C("completed", "Int64", "requests that succeeded"),
@@ -123,6 +148,12 @@ COLUMNS: tuple[Column, ...] = (
     _C("total_tok_s", "float64", "input + output tokens per second"),
     _C("max_output_tok_s", "float64", "peak output tokens/s in any 1-s window"),
     _C("max_concurrent_requests", "float64", "peak in-flight requests seen by the client"),
+    _C("goodput_slo", "string", "per-request bounds of goodput, vLLM's --goodput text "
+                                "('ttft:2000 tpot:100', ms; TPOT per request)"),
+    _C("request_goodput_req_s", "float64", "vLLM's goodput: completed requests that met every "
+                                           "goodput_slo bound, per second of the run"),
+    _C("slo_attainment", "float64", "share of the requests sent that met every goodput_slo "
+                                    "bound (a failed request counts as not met)"),
     *(
         _C(f"{stat}_{metric}_ms", "float64", f"{stat} {metric.upper()} in ms ({desc})")
         for metric, desc in (

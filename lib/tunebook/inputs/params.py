@@ -32,6 +32,7 @@ on size, nesting and alias expansion, so a mistaken or hostile file fails in mil
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -43,7 +44,9 @@ from typing import Any
 import yaml
 
 from tunebook.core import knobs
-from tunebook.inputs.load import BLOCK_REUSE, DATASETS, PROMPT_DATASETS
+from tunebook.inputs.load import BLOCK_REUSE, DATASETS, FILE, PROMPT_DATASETS, WorkloadRef
+from tunebook.inputs.workloads import formats as workload_formats
+from tunebook.inputs.workloads.replay import Replay, source_path
 from tunebook.models import presets as models
 from tunebook.models.prompts import MIN_INPUT_LEN
 from tunebook.servers import kinds as server_kinds
@@ -75,7 +78,13 @@ LOAD_KEYS = (
     "dataset", "users", "request_rates", "input_len", "output_len", "prefix_len",
     "num_prefixes", "prompts_per_user", "min_prompts", "num_prompts", "num_warmups",
     "reset_prefix_cache", "seed", "ignore_eos",
+    # dataset: file (tunebook.inputs.workloads)
+    *(WORKLOAD_KEYS := ("file", "format", "window_s", "first", "speeds", "length_scale",
+                        "max_input_len", "max_output_len", "block_tokens", "time_unit_s")),
+    "goodput",
 )
+# vLLM's --goodput names: per-request bounds in ms (TPOT per request, not every ITL gap)
+GOODPUT_KEYS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2el_ms": "e2el"}
 # Load keys the block-reuse probe has no use for (it sends two requests per point).
 PROBE_UNUSED_KEYS = ("num_prefixes", "prompts_per_user", "min_prompts", "num_prompts",
                      "num_warmups")
@@ -127,21 +136,56 @@ class LoadParams:
     # True: every request writes output_len tokens (fixed lengths, as the manual's runs); a
     # real model's answers end at their EOS with false (chapter 4)
     ignore_eos: bool = True
+    replay: Replay | None = None  # dataset: file — which file, what of it, how scaled
+    speeds: tuple[float, ...] = (1.0,)  # a timed file: replay speeds (× the trace's own rate)
+    goodput: dict[str, float] = field(default_factory=dict)  # GOODPUT_KEYS -> ms
+
+    @property
+    def timed(self) -> bool:
+        """A trace replayed on its own clock: the speeds are the load axis, not users."""
+        return self.replay is not None and _workload(self.replay).timed
+
+    def workload(self) -> WorkloadRef | None:
+        """The prepared workload file (read once per process and file state)."""
+        return None if self.replay is None else _workload(self.replay)
+
+    def goodput_arg(self) -> str | None:
+        """vLLM's --goodput value, e.g. 'ttft:2000 tpot:100'."""
+        return " ".join(f"{GOODPUT_KEYS[k]}:{v:g}" for k, v in self.goodput.items()) or None
 
     def prompts(self, users: int) -> int:
         """Measured prompts of the load point at ``users`` concurrent users."""
         if self.dataset == BLOCK_REUSE:
             return 2
+        if self.replay is not None and self.timed:
+            return _workload(self.replay).requests
         return self.num_prompts or max(self.min_prompts, users * self.prompts_per_user)
 
     def warmups(self) -> int:
-        return 0 if self.dataset == BLOCK_REUSE else self.num_warmups
+        # a replay starts cold, as the trace did: warm-ups would shift its clock
+        return 0 if self.dataset == BLOCK_REUSE or self.timed else self.num_warmups
 
     def prompts_sent(self) -> int:
         """Prompts one pass over ``users`` x ``request_rates`` x ``prefix_len`` sends, warm-ups
-        included."""
+        included (a replay: one pass per speed)."""
+        if self.timed:
+            return self.prompts(0) * len(self.speeds)
         per_rate = sum(self.prompts(u) + self.warmups() for u in self.users)
         return per_rate * len(self.request_rates) * len(self.prefix_len)
+
+
+def _workload(r: Replay) -> WorkloadRef:
+    try:
+        st = source_path(r).stat()
+        state = (st.st_mtime_ns, st.st_size)
+    except OSError:
+        state = None
+    return _workload_cached(r, state)
+
+
+@functools.lru_cache(maxsize=16)
+def _workload_cached(r: Replay, _state: Any) -> WorkloadRef:
+    return WorkloadRef.of(r)  # a changed file (mtime, size) is read again
 
 
 @dataclass(frozen=True)
@@ -167,12 +211,26 @@ class Part:
 
 
 def _load_dict(load: LoadParams) -> dict[str, Any]:
-    """The load as params YAML; the block-reuse probe's leaves out the keys it refuses."""
+    """The load as params YAML; the block-reuse probe's leaves out the keys it refuses, a
+    load without a file the file's keys."""
     skip = PROBE_UNUSED_KEYS if load.dataset == "block_reuse" else ()
     out = {k: list(v) if isinstance(v, tuple) else v for k, v in load.__dict__.items()
-           if k not in skip}
+           if k not in (*skip, "replay", "speeds", "goodput")}
     if len(load.prefix_len) == 1:  # a scalar stays a scalar (the panel edits it as one)
         out["prefix_len"] = load.prefix_len[0]
+    r = load.replay
+    if r is not None:
+        d = Replay(r.file)
+        out["file"] = str(r.file)  # as written: relative to the project folder stays so
+        for k in ("format", "first", "length_scale", "max_input_len", "max_output_len",
+                  "block_tokens", "time_unit_s"):
+            if getattr(r, k) != getattr(d, k):
+                out[k] = getattr(r, k)
+        if r.window_s is not None:
+            out["window_s"] = list(r.window_s)
+        out["speeds"] = list(load.speeds)
+    if load.goodput:
+        out["goodput"] = dict(load.goodput)
     return out
 
 
@@ -725,28 +783,40 @@ def _figures(v: _Validator, raw: list) -> tuple[str, ...]:
 def _context_checks(v: _Validator, model: str, engine: dict[str, Any],
                     grid: list[dict[str, Any]], load: LoadParams) -> None:
     """Each request (prefix + input + output tokens, the longest prefix of the list; the probe's
-    prompts are input_len long) must fit the engine config's max_model_len or, when that is
-    left to vLLM, the model's own context length (known offline for a preset or a local folder;
-    a hub id is not checked)."""
+    prompts are input_len long; a trace's longest request after scaling and caps) must fit the
+    engine config's max_model_len or, when that is left to vLLM, the model's own context
+    length (known offline for a preset or a local folder; a hub id is not checked)."""
+    workload = load.workload()
+    if workload is not None and not workload.timed:
+        return  # prompts as text: vLLM's client measures them (sharegpt drops long ones)
     prefix = 0 if load.dataset == BLOCK_REUSE else max(load.prefix_len)
-    need = prefix + load.input_len + load.output_len
-    too_long: dict[str, list[int]] = {}  # what it exceeds -> the engine configs
+    need = workload.longest[0][1] if workload is not None else \
+        prefix + load.input_len + load.output_len
+    too_long: dict[str, tuple[int, list[int]]] = {}  # what it exceeds -> (limit, configs)
     for i, merged in [(i, k) for i, g in enumerate(grid)
                       for _, k in server_kinds.engines({**engine, **g})]:
         mml = merged.get("max_model_len")
         if isinstance(mml, int):
             if need > mml:
-                too_long.setdefault(f"max_model_len {mml}", []).append(i)
+                too_long.setdefault(f"max_model_len {mml}", (mml, []))[1].append(i)
             continue
         spec = merged.get("model", model)
         ctx = models.context_len(spec) if isinstance(spec, str) else None
         if ctx is not None and need > ctx:
             what = f"the context length of {spec} ({ctx:,} tokens, from its config.json)"
-            too_long.setdefault(what, []).append(i)
-    for what, configs in too_long.items():
+            too_long.setdefault(what, (ctx, []))[1].append(i)
+    for what, (limit, configs) in too_long.items():
         which = "" if len(grid) == 1 else f" (engine config {', '.join(map(str, configs))})"
         fix = ("raise max_model_len" if what.startswith("max_model_len")
                else "pick a model with a longer context")
+        if workload is not None:
+            over = workload.too_long(limit)
+            lines = ", ".join(f"line {n} ({t:,} tokens)" for n, t in over[:3])
+            v.err("load.file", f"{workload.source}: {len(over):,} request(s), input + output "
+                               f"after length_scale and caps, exceed {what}{which}: {lines}"
+                               f"{' …' if len(over) > 3 else ''}; set max_input_len / "
+                               f"max_output_len (or a smaller length_scale) or {fix}")
+            continue
         what_len = ("input_len + output_len" if load.dataset == BLOCK_REUSE
                     else "prefix_len + input_len + output_len")
         v.err("load.input_len", f"{what_len} = {need:,} exceeds "
@@ -940,10 +1010,119 @@ def _load(v: _Validator, raw: Any) -> LoadParams | None:
                                     f"{lp['input_len']}")
     if dataset == BLOCK_REUSE:
         _probe_checks(v, raw, users, rates, prefix_lens, lp)
+    file_keys = [k for k in WORKLOAD_KEYS if raw.get(k) is not None]
+    replay, speeds = None, (1.0,)
+    if dataset == FILE:
+        replay, speeds = _workload_keys(v, raw, prefix_lens)
+    elif file_keys:
+        v.err(f"load.{file_keys[0]}", "belongs to a workload file: set dataset: file (and "
+                                      "file: PATH)")
+    goodput = _goodput(v, raw.get("goodput"))
     if len(v.problems) > n0:
         return LoadParams() if not users else LoadParams(users=tuple(users))
     return LoadParams(dataset=dataset, users=tuple(users), request_rates=tuple(rates),
-                      prefix_len=tuple(prefix_lens), **lp)
+                      prefix_len=tuple(prefix_lens), replay=replay, speeds=speeds,
+                      goodput=goodput, **lp)
+
+
+def _workload_keys(v: _Validator, raw: dict[str, Any],
+                   prefix_lens: list[int]) -> tuple[Replay | None, tuple[float, ...]]:
+    """`dataset: file`: the file and what of it to send, checked now, the file's every line
+    included (before any engine starts)."""
+    n0 = len(v.problems)
+    file = raw.get("file")
+    if not isinstance(file, str) or not file.strip():
+        v.err("load.file", "dataset: file needs file: the workload's path (absolute, or "
+                           "relative to the project folder)")
+        return None, (1.0,)
+    fmt = v.get(raw, "format", str, default="auto", prefix="load")
+    if isinstance(fmt, str) and fmt not in ("auto", *workload_formats.FORMATS):
+        v.err("load.format", f"must be auto or one of {', '.join(workload_formats.FORMATS)}, "
+                             f"got {_short(fmt)}")
+    window = raw.get("window_s")
+    window_s: tuple[float, float] | None = None
+    if window is not None:
+        if (not isinstance(window, list) or len(window) != 2
+                or not all(isinstance(x, int | float) and not isinstance(x, bool)
+                           and math.isfinite(x) for x in window)
+                or not 0 <= window[0] < window[1]):
+            v.err("load.window_s", "must be [start, end] in seconds of the trace's own clock "
+                                   f"(0 <= start < end), got {_short(window)}")
+        else:
+            window_s = (float(window[0]), float(window[1]))
+    speeds_raw = raw.get("speeds", [1])
+    speeds: list[float] = []
+    if not isinstance(speeds_raw, list) or not speeds_raw:
+        v.err("load.speeds", "must be a non-empty list of replay speeds (1 = the trace's own "
+                             f"rate, 2 = twice as fast), got {_short(speeds_raw)}")
+    else:
+        for i, x in enumerate(speeds_raw):
+            if isinstance(x, bool) or not isinstance(x, int | float) or not x > 0 \
+                    or not math.isfinite(x):
+                v.err(f"load.speeds[{i}]", f"must be a number > 0, got {_short(x)}")
+            else:
+                speeds.append(float(x))
+        if len(set(speeds)) != len(speeds):
+            v.err("load.speeds", "has duplicates: each speed runs once per repeat")
+    scale = raw.get("length_scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale <= 1 \
+            or not math.isfinite(scale):
+        v.err("load.length_scale", "must be a number in (0, 1]: every length × it (a small "
+                                   f"model, a CPU box), got {_short(scale)}")
+        scale = 1.0
+    unit = raw.get("time_unit_s")
+    if unit is not None and (isinstance(unit, bool) or not isinstance(unit, int | float)
+                             or not unit > 0):
+        v.err("load.time_unit_s", f"must be seconds per timestamp unit (> 0), got "
+                                  f"{_short(unit)}")
+        unit = None
+    if any(prefix_lens):
+        v.err("load.prefix_len", "a workload file brings its own prefixes; leave it 0")
+    r = Replay(
+        file=Path(file.strip()), format=fmt if isinstance(fmt, str) else "auto",
+        window_s=window_s,
+        first=v.number(raw, "first", int, None, lo=1, prefix="load"),
+        length_scale=float(scale),
+        max_input_len=v.number(raw, "max_input_len", int, None, lo=1, prefix="load"),
+        max_output_len=v.number(raw, "max_output_len", int, None, lo=1, prefix="load"),
+        block_tokens=v.number(raw, "block_tokens", int, None, lo=1, prefix="load"),
+        time_unit_s=None if unit is None else float(unit))
+    if len(v.problems) > n0:
+        return None, (1.0,)
+    try:
+        w = _workload(r)
+    except workload_formats.WorkloadError as e:
+        v.err("load.file", f"{file}: {str(e).split(': ', 1)[-1]}")
+        return None, (1.0,)
+    if not w.timed:
+        for k in ("speeds", "window_s", "length_scale", "block_tokens", "time_unit_s"):
+            if k in raw and not (k == "length_scale" and raw[k] == 1):
+                v.err(f"load.{k}", f"{w.source} is a {w.format} file: it has no arrival times "
+                                   "or token counts to replay or scale (users and "
+                                   "request_rates set its load)")
+    return r, tuple(speeds) or (1.0,)
+
+
+def _goodput(v: _Validator, raw: Any) -> dict[str, float]:
+    """`goodput: {ttft_ms: 2000, tpot_ms: 100, e2el_ms: 20000}`: per-request bounds; a request
+    is good when it meets every one (vLLM's --goodput)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not raw:
+        v.err("load.goodput", "must map ttft_ms / tpot_ms / e2el_ms to milliseconds, e.g. "
+                              f"{{ttft_ms: 2000, tpot_ms: 100}}, got {_short(raw)}")
+        return {}
+    out = {}
+    for k, x in raw.items():
+        if k not in GOODPUT_KEYS:
+            v.err(f"load.goodput.{k}", f"unknown bound{knobs.did_you_mean(str(k), GOODPUT_KEYS)}"
+                                       f"; allowed: {', '.join(GOODPUT_KEYS)}")
+        elif isinstance(x, bool) or not isinstance(x, int | float) or not x > 0 \
+                or not math.isfinite(x):
+            v.err(f"load.goodput.{k}", f"must be milliseconds > 0, got {_short(x)}")
+        else:
+            out[k] = float(x)
+    return out
 
 
 def _prefix_lens(v: _Validator, raw: Any) -> list[int]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from tunebook.core import knobs, schema
 from tunebook.inputs.load import LoadPoint
-from tunebook.inputs.params import SweepParams
+from tunebook.inputs.params import LoadParams, SweepParams
 from tunebook.servers import kinds as server_kinds
 
 
@@ -50,8 +50,9 @@ class PlannedRun:
     def __post_init__(self) -> None:
         if not self.run_id:
             rate = "inf" if self.point.request_rate is None else f"{self.point.request_rate:g}"
-            rid = (f"{self.engine.id}-p{_digest(self.point.identity(), 6)}"
-                   f"-u{self.point.max_concurrency}-q{rate}-r{self.repeat}")
+            load = (f"x{self.point.replay_speed:g}" if self.point.replay_speed is not None
+                    else f"u{self.point.max_concurrency}-q{rate}")  # a replay: its speed
+            rid = f"{self.engine.id}-p{_digest(self.point.identity(), 6)}-{load}-r{self.repeat}"
             object.__setattr__(self, "run_id", rid)
 
 
@@ -205,21 +206,36 @@ def make_plan(p: SweepParams) -> Plan:
             cfg = EngineConfig(model=model, knobs=knobs, env=dict(p.engine_env), label=_label(g))
             configs.append(engines.setdefault(cfg.id, cfg))
         ld = part.load
-        points = [
-            LoadPoint(
-                dataset=ld.dataset, max_concurrency=u, request_rate=rate, input_len=ld.input_len,
-                output_len=ld.output_len, prefix_len=k, num_prefixes=ld.num_prefixes,
-                num_prompts=ld.prompts(u), num_warmups=ld.warmups(),
-                reset_prefix_cache=ld.reset_prefix_cache, seed=ld.seed,
-                ignore_eos=ld.ignore_eos,
-            )
-            for rate in ld.request_rates
-            for u in ld.users
-            for k in ld.prefix_len
-        ]
+        points = _points(ld)
         for e in configs:
             for pt in points:
                 for rep in range(p.repeats):
                     run = PlannedRun(e, pt, rep, part=part.name)
                     runs.setdefault(run.run_id, run)
     return Plan(p.experiment, by_compile_key(engines.values()), list(runs.values()))
+
+
+def _points(ld: LoadParams) -> list[LoadPoint]:
+    """The load points of one part: users × request rates × prefix lengths, or a workload
+    file's speeds (a replay) or users × rates (prompts without arrival times)."""
+    workload = ld.workload()
+    common = dict(dataset=ld.dataset, num_prefixes=ld.num_prefixes, num_warmups=ld.warmups(),
+                  reset_prefix_cache=ld.reset_prefix_cache, seed=ld.seed,
+                  ignore_eos=ld.ignore_eos, workload=workload, goodput=ld.goodput_arg())
+    if workload is not None:
+        # a file's requests have their own lengths: the columns say their mean
+        ins, outs = workload.mean_lens()
+        common.update(input_len=ins, output_len=outs)
+        if workload.timed:
+            return [LoadPoint(max_concurrency=0, request_rate=None, prefix_len=0,
+                              num_prompts=workload.requests, replay_speed=x, **common)
+                    for x in ld.speeds]
+    else:
+        common.update(input_len=ld.input_len, output_len=ld.output_len)
+    return [
+        LoadPoint(max_concurrency=u, request_rate=rate, prefix_len=k, num_prompts=ld.prompts(u),
+                  **common)
+        for rate in ld.request_rates
+        for u in ld.users
+        for k in ld.prefix_len
+    ]

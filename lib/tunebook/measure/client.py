@@ -43,6 +43,7 @@ _RENAME = {
     "output_throughput": "output_tok_s",
     "total_token_throughput": "total_tok_s",
     "max_output_tokens_per_s": "max_output_tok_s",
+    "request_goodput": "request_goodput_req_s",
 }
 
 
@@ -149,6 +150,32 @@ def _install_hooks(vbs: Any) -> None:
             setattr(vbs, name, _hook(name, f))
 
 
+def _parse_args(vbs: Any, argv: list[str]) -> Any:
+    import argparse
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # older layouts
+        FlexibleArgumentParser = argparse.ArgumentParser  # noqa: N806
+    parser = FlexibleArgumentParser()
+    vbs.add_cli_args(parser)
+    return parser.parse_args(argv)
+
+
+def sample_requests(argv: list[str]) -> list[Any]:
+    """The requests vLLM's client makes of these arguments, without a server: its own dataset
+    code (get_samples) and tokenizer — what a workload file becomes when it is sent."""
+    vbs = config.import_module("vllm.benchmarks.serve")
+    from vllm.benchmarks.datasets import get_samples
+
+    args = _parse_args(vbs, argv)
+    if args.dataset_name == "timed_trace" and args.self_timed is None:
+        args.self_timed = True  # as its main() sets it
+    tokenizer = vbs.get_tokenizer(args.tokenizer, tokenizer_mode=args.tokenizer_mode,
+                                  trust_remote_code=args.trust_remote_code)
+    return get_samples(args, tokenizer)
+
+
 def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
               timeout_s: float | None = None, cache: ClientCache | None = None,
               timings: dict[str, float] | None = None) -> tuple[dict[str, Any], str]:
@@ -159,20 +186,12 @@ def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
     tokenizer is reused across calls; `timings` gets the seconds of the client's steps (its
     import, tokenizer, dataset sampling, and the whole call: `client_s`).
     """
-    import argparse
-
     t0 = time.monotonic()
     vbs = config.import_module("vllm.benchmarks.serve")  # ~5 s the first time (torch)
 
     t_import = time.monotonic() - t0
     _install_hooks(vbs)
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except ImportError:  # older layouts
-        FlexibleArgumentParser = argparse.ArgumentParser  # noqa: N806
-    parser = FlexibleArgumentParser()
-    vbs.add_cli_args(parser)
-    args = parser.parse_args(argv)
+    args = _parse_args(vbs, argv)
     out = io.StringIO()
     box: dict[str, Any] = {}
     run = _ClientRun(cache)
@@ -215,7 +234,31 @@ def metrics_row(result: dict[str, Any], point: LoadPoint) -> dict[str, Any]:
     if out_tok_s is not None and point.max_concurrency:
         row["output_tok_s_per_user"] = out_tok_s / point.max_concurrency
     row.update(itl_tail_ms(result))
+    if point.goodput:
+        row["slo_attainment"] = slo_attainment(result, point.goodput)
     return {k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def slo_attainment(result: dict[str, Any], goodput: str) -> float | None:
+    """The share of the requests sent that met every bound of `goodput` (vLLM's --goodput
+    text, "ttft:2000 tpot:100 e2el:20000", ms). vLLM's definition of a good request: it
+    succeeded and each bound holds with <=, TPOT per request = (e2el - ttft) / (output tokens
+    - 1), 0 for a one-token answer. Unlike vLLM's request_goodput (good requests per second),
+    the share counts a failed request as sent and not good."""
+    bounds = {k: float(v) / 1000 for k, v in (b.split(":") for b in goodput.split())}
+    ttfts, lats = result.get("ttfts") or [], result.get("latencies") or []
+    outs, errors = result.get("output_lens") or [], result.get("errors") or []
+    n = max(len(ttfts), len(errors))
+    if not n:
+        return None
+    good = 0
+    for i in range(n):
+        if i >= len(ttfts) or (errors[i] if i < len(errors) else "") or outs[i] == 0:
+            continue
+        tpot = (lats[i] - ttfts[i]) / (outs[i] - 1) if outs[i] > 1 else 0.0
+        values = {"ttft": ttfts[i], "tpot": tpot, "e2el": lats[i]}
+        good += all(values[k] <= b for k, b in bounds.items())
+    return good / n
 
 
 def itl_tail_ms(result: dict[str, Any]) -> dict[str, float]:

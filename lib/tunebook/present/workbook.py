@@ -152,11 +152,67 @@ class Workbook:
                                     fragment=True)))
 
     def summary(self) -> pd.DataFrame:
-        """The headline numbers per engine config and load point."""
-        cols = ["engine_label", "max_concurrency", "request_rate", "output_tok_s",
-                "output_tok_s_per_user", "median_ttft_ms", "median_tpot_ms", "p99_itl_ms",
-                "completed", "failed_requests"]
-        return self.ok()[cols].reset_index(drop=True)
+        """The headline numbers per engine config and load point (a replay: per speed, with
+        its goodput)."""
+        ok = self.ok()
+        replay = "replay_speed" in ok and ok["replay_speed"].notna().any()
+        load = ["replay_speed"] if replay else ["max_concurrency", "request_rate"]
+        cols = ["engine_label", *load, "output_tok_s",
+                *([] if replay else ["output_tok_s_per_user"]), "median_ttft_ms",
+                "median_tpot_ms", "p99_itl_ms", "completed", "failed_requests",
+                *(["request_goodput_req_s", "slo_attainment"] if replay else [])]
+        return ok[[c for c in cols if c in ok]].reset_index(drop=True)
+
+    # -- a workload file (dataset: file) ------------------------------------------------------
+    def workload(self) -> None:
+        """What a workload file asked beside what vLLM's client sent (the run at the highest
+        replay speed), then per run its goodput and the prefix cache the trace's ids predict
+        beside the engine's hits; a line saying why not when the load is not a file."""
+        from IPython.display import Markdown, display
+
+        from tunebook.charts import plots as charts
+        from tunebook.results import workload
+
+        ok = self.ok()
+        parts = [p for p in self.params.all_parts() if p.load.replay is not None]
+        if not parts or "workload_file" not in ok or ok["workload_file"].isna().all():
+            display(Markdown("This experiment's load is not a workload file."))
+            return
+        for part in parts:
+            rows = ok[ok["part"].fillna("") == part.name] if part.name else ok
+            rows = rows[rows["workload_file"].notna()]
+            if rows.empty:
+                display(Markdown(f"`{part.load.replay.file.name}`: no run of it is stored yet."))
+                continue
+            if part.name:
+                display(Markdown(f"### {part.name}"))
+            display(Markdown(workload.describe(rows)))
+            top = rows.sort_values("replay_speed", na_position="first").iloc[-1]
+            rec = self.sweep.store.record_of(top.to_dict())
+            asked = workload.asked_for(top.to_dict(), part.load.replay)
+            sent = workload.sent(rec) if rec else pd.DataFrame()
+            if not asked.empty or not sent.empty:
+                speed = top.get("replay_speed")
+                at = f" at {speed:g}× its rate" if pd.notna(speed) else ""
+                display(charts.workload_profile(
+                    asked, sent, f"{top['workload_file']}{at}: asked and sent "
+                                 f"({top['engine_label']})"))
+            display(workload.runs_table(rows))
+
+    def replay(self, y: str = "output_tok_s") -> None:
+        """A metric against the replay speed, one curve per engine config, per workload file."""
+        from IPython.display import Markdown, display
+
+        from tunebook.charts import plots as charts
+
+        ok = self.ok()
+        if "replay_speed" not in ok or ok["replay_speed"].isna().all() or y not in ok:
+            display(Markdown("No replay of a trace is stored yet."))
+            return
+        ok = ok[ok["replay_speed"].notna() & ok[y].notna()]
+        for name, rows in ok.groupby("workload_file", sort=True):
+            display(charts.scaling(rows, y=y, x="replay_speed",
+                                   title=f"{charts.axis_title(y)}: {name}"))
 
 
 def open(params_file: str | Path, overrides: dict[str, Any] | None = None,  # noqa: A001

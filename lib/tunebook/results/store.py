@@ -170,6 +170,19 @@ class Store:
             out += latest_attempts(rows)
         return out
 
+    def record_of(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """The whole record (per-request arrays included) of the attempt a table row came
+        from: the run's file whose row finished when this one did."""
+        for p in sorted(self.runs_dir.glob(f"{glob.escape(str(row.get('run_id')))}__*.json")):
+            try:
+                record = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict) and isinstance(record.get("row"), dict) and \
+                    record["row"].get("finished_at") == row.get("finished_at"):
+                return record
+        return None
+
     def finished_run_ids(self) -> set[str]:
         """Runs with an `ok` attempt, whatever vLLM made it (resume asks
         tunebook.inputs.plan.Resume, which also weighs the vLLM version)."""
