@@ -216,3 +216,24 @@ def test_the_full_shared_traces_read() -> None:
                     (SHARED / "mooncake-fast25-conversation-head3000.jsonl", 3000)):
         fmt, reqs = F.read(path)
         assert len(reqs) == n and fmt.timed
+
+
+def test_the_profile_draws_what_was_asked_beside_what_was_sent() -> None:
+    """The profile chart of a trace window: arrivals per bin with the empty bins at 0 (a step
+    line must not carry a count across a gap), lengths as shares of the requests."""
+    from tunebook.charts import plots
+    from tunebook.results import workload
+
+    p = R.prepare(R.Replay(MOONCAKE, window_s=(0, 20), length_scale=0.25, max_input_len=640))
+    asked = workload.asked(p.records, speed=4.0)
+    assert asked["arrival_s"].max() <= 5.0 and asked["shared_blocks"].sum() > 0
+    sent = asked.rename(columns={"arrival_s": "start_s"}).assign(failed=False)
+    spec = plots.workload_profile(asked, sent, "test").to_dict()
+    arrivals = next(d for name, d in spec["datasets"].items()
+                    if d and "req_s" in d[0] and d[0]["which"] == plots.ASKED)
+    bins = sorted(r["bin_s"] for r in arrivals)
+    steps = {round(b - a, 6) for a, b in zip(bins, bins[1:], strict=False)}
+    assert len(steps) == 1  # every bin between the first and the last, empty ones at 0
+    assert sum(r["requests"] for r in arrivals) == len(asked)
+    with pytest.raises(ValueError, match="nothing to profile"):
+        plots.workload_profile(asked.iloc[:0], sent.iloc[:0], "empty")

@@ -145,6 +145,19 @@ class LoadParams:
         """A trace replayed on its own clock: the speeds are the load axis, not users."""
         return self.replay is not None and _workload(self.replay).timed
 
+    def search_levels(self) -> tuple[tuple[float, ...], str]:
+        """The load levels a search bisects, and what they are (tunebook.inputs.slo.LEVELS):
+        a trace's replay speeds, else concurrent users."""
+        if self.replay is not None and self.timed:
+            return self.speeds, "speed"
+        return tuple(self.users), "users"
+
+    def at_level(self, level: float) -> LoadParams:
+        """This load at one level of a search: one replay speed, or one number of users."""
+        if self.replay is not None and self.timed:
+            return replace(self, speeds=(float(level),))
+        return replace(self, users=(int(level),))
+
     def workload(self) -> WorkloadRef | None:
         """The prepared workload file (read once per process and file state)."""
         return None if self.replay is None else _workload(self.replay)
@@ -162,14 +175,15 @@ class LoadParams:
         return self.num_prompts or max(self.min_prompts, users * self.prompts_per_user)
 
     def warmups(self) -> int:
-        # a replay starts cold, as the trace did: warm-ups would shift its clock
-        return 0 if self.dataset == BLOCK_REUSE or self.timed else self.num_warmups
+        # a replay's warm-ups (its first request, num_warmups times) end before vLLM's client
+        # starts the trace's clock: they warm the engine without shifting an arrival
+        return 0 if self.dataset == BLOCK_REUSE else self.num_warmups
 
     def prompts_sent(self) -> int:
         """Prompts one pass over ``users`` x ``request_rates`` x ``prefix_len`` sends, warm-ups
         included (a replay: one pass per speed)."""
         if self.timed:
-            return self.prompts(0) * len(self.speeds)
+            return (self.prompts(0) + self.warmups()) * len(self.speeds)
         per_rate = sum(self.prompts(u) + self.warmups() for u in self.users)
         return per_rate * len(self.request_rates) * len(self.prefix_len)
 
@@ -636,7 +650,8 @@ def _slo_search(v: _Validator, data: dict, load: LoadParams | None
             v.err(key, msg)
         bounds = ()
     try:
-        slo.parse_search(data["search"], load.users if load else ())
+        levels, kind = load.search_levels() if load else ((), "users")
+        slo.parse_search(data["search"], levels, level=kind)
     except slo.SearchSpecError as e:
         for key, msg in e.problems:
             v.err(key, msg)

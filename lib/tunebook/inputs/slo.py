@@ -21,7 +21,10 @@ from tunebook.core import schema
 Row = Mapping[str, Any]
 Evaluate = Callable[[dict[str, Any], int], Row]
 
-OBJECTIVES = ("output_tok_s", "total_tok_s", "request_throughput_req_s")
+OBJECTIVES = ("output_tok_s", "total_tok_s", "request_throughput_req_s",
+              "request_goodput_req_s")
+# What a search's load levels are: concurrent users, or a trace's replay speeds
+LEVELS = ("users", "speed")
 _BOUND = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([0-9][0-9_.eE+-]*)\s*$")
 SAMPLERS = ("tpe", "grid")
 
@@ -93,7 +96,7 @@ class SearchSpec:
     sampler and the budget (engine configs started, or minutes; None: no limit)."""
 
     knobs: Mapping[str, tuple[Any, ...]]
-    users: tuple[int, ...]
+    users: tuple[float, ...]  # the load levels: users, or a trace's replay speeds (`level`)
     objective: str = "output_tok_s"
     sampler: str = "tpe"
     max_configs: int | None = None
@@ -104,6 +107,7 @@ class SearchSpec:
     # smaller gain is within the run-to-run noise and would keep a search going on noise
     baseline: Mapping[str, Any] | None = None  # the config to beat (vLLM's defaults): tried first
     seed: int = 0
+    level: str = "users"  # what `users` holds: concurrent users, or a trace's replay speeds
     gain: float = 1.05  # a level must beat the one below by this factor to count as a gain
     confirm: int | None = None  # re-measure the answer and the runner-up this many times each
 
@@ -112,6 +116,10 @@ class SearchSpec:
         """Configs TPE draws at random before it models the rest: about one in five of the
         space, 2 to 10 (Optuna's default of 10 would spend a small space on random draws)."""
         return max(2, min(10, len(self.grid()) // 5))
+
+    def level_text(self, level: float) -> str:
+        """One load level in words: '16 users', '2× the trace's rate'."""
+        return f"{level:g}× the trace's rate" if self.level == "speed" else f"{level} users"
 
     def grid(self) -> list[dict[str, Any]]:
         """Every engine config of the space (the full grid), in a stable order."""
@@ -122,7 +130,8 @@ class SearchSpec:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"knobs": {k: list(v) for k, v in self.knobs.items()},
-                               "users": list(self.users), "objective": self.objective,
+                               "speeds" if self.level == "speed" else "users": list(self.users),
+                               "objective": self.objective,
                                "sampler": self.sampler, "seed": self.seed, "gain": self.gain}
         budget = {k: v for k, v in (("engine_configs", self.max_configs),
                                     ("minutes", self.max_minutes),
@@ -155,15 +164,19 @@ def parse_slo(raw: Any) -> tuple[Bound, ...]:
     return tuple(bounds)
 
 
-def parse_search(raw: Any, users_default: Sequence[int] = ()) -> SearchSpec:
+def parse_search(raw: Any, users_default: Sequence[float] = (),
+                 level: str = "users") -> SearchSpec:
     """`search:` — {knobs: {name: [values]}, users: [levels], objective, sampler, seed,
     budget: {engine_configs: N, minutes: M, patience: P, min_gain: G}, gain, baseline,
-    confirm}."""
+    confirm}. On a trace (`level` speed) the load levels are `speeds: [replay speeds]`."""
     p: list[tuple[str, str]] = []
     if not isinstance(raw, dict):
         raise SearchSpecError([("search", "must be a mapping: knobs, users, objective, budget")])
-    allowed = {"knobs", "users", "objective", "sampler", "seed", "budget", "gain", "baseline",
-               "confirm"}
+    allowed = {"knobs", "speeds" if level == "speed" else "users", "objective", "sampler",
+               "seed", "budget", "gain", "baseline", "confirm"}
+    if level == "speed" and "users" in raw:
+        p.append(("search.users", "a trace's load levels are its replay speeds: search.speeds "
+                                  "(× the trace's own rate), not users"))
     for k in raw:
         if k not in allowed:
             p.append((f"search.{k}", f"unknown key{knob_table.did_you_mean(k, allowed)}; "
@@ -193,14 +206,27 @@ def parse_search(raw: Any, users_default: Sequence[int] = ()) -> SearchSpec:
                 p.append((key, "lists a value twice"))
             else:
                 space[name] = tuple(values)
-    users = raw.get("users", list(users_default))
-    if (not isinstance(users, list) or not users
-            or not all(isinstance(u, int) and not isinstance(u, bool) and u > 0 for u in users)):
-        p.append(("search.users", "must be a list of positive integers: the load levels "
-                                  "(concurrent users) to bisect"))
-        users = []
-    elif sorted(set(users)) != users:
-        p.append(("search.users", "must be increasing, without repeats"))
+    if level == "speed":
+        users = raw.get("speeds", list(users_default))
+        if (not isinstance(users, list) or not users
+                or not all(isinstance(u, int | float) and not isinstance(u, bool)
+                           and math.isfinite(u) and u > 0 for u in users)):
+            p.append(("search.speeds", "must be a list of replay speeds > 0 (× the trace's "
+                                       "own rate): the load levels to bisect"))
+            users = []
+        elif sorted(set(users)) != users:
+            p.append(("search.speeds", "must be increasing, without repeats"))
+        users = [float(u) for u in users]
+    else:
+        users = raw.get("users", list(users_default))
+        if (not isinstance(users, list) or not users
+                or not all(isinstance(u, int) and not isinstance(u, bool) and u > 0
+                           for u in users)):
+            p.append(("search.users", "must be a list of positive integers: the load levels "
+                                      "(concurrent users) to bisect"))
+            users = []
+        elif sorted(set(users)) != users:
+            p.append(("search.users", "must be increasing, without repeats"))
     objective = raw.get("objective", "output_tok_s")
     if objective not in OBJECTIVES:
         p.append(("search.objective", f"must be one of {OBJECTIVES}"))
@@ -271,7 +297,7 @@ def parse_search(raw: Any, users_default: Sequence[int] = ()) -> SearchSpec:
                       max_minutes=float(max_minutes) if max_minutes is not None else None,
                       patience=patience, baseline=dict(baseline) if baseline else None,
                       min_gain=float(min_gain),
-                      seed=seed, gain=float(gain))
+                      seed=seed, gain=float(gain), level=level)
 
 
 def point_key(knobs: Mapping[str, Any], users: int) -> str:

@@ -56,7 +56,11 @@ def summary(exp: Path, root: Path) -> dict[str, Any]:
     if len(ok) and ok["output_tok_s"].notna().any():
         best = ok.loc[ok["output_tok_s"].idxmax()]
         row["best_output_tok_s"] = float(best["output_tok_s"])
-        row["best_at"] = f"{int(best['max_concurrency'])} users, {best['engine_label']}"
+        speed = best.get("replay_speed")
+        load = (f"{best['workload_file']} at {float(speed):g}×" if pd.notna(speed)
+                else f"{int(best['max_concurrency'])} users"
+                if pd.notna(best.get("max_concurrency")) else "unbounded users")
+        row["best_at"] = f"{load}, {best['engine_label']}"
         one = ok[ok["max_concurrency"] == 1]["median_tpot_ms"].dropna()
         row["tpot_at_1_user_ms"] = float(one.min()) if len(one) else None
     report = exp / "report.html"

@@ -242,7 +242,7 @@ def search(params_file: str | Path, overrides: dict[str, Any] | None = None,
         out = tune.stored(Path(outputs).resolve(), params.experiment)
         print("dry run: nothing starts; " + ("the newest stored search:" if out else
                                             "no search is stored yet"))
-        now = slo.parse_search(params.search, params.load.users).to_dict()
+        now = slo.parse_search(params.search, *params.load.search_levels()).to_dict()
         if out and out.get("search") and out["search"] != now:  # the params changed since
             changed = {k: out["search"].get(k) for k in sorted(set(now) | set(out["search"]))
                        if out["search"].get(k) != now.get(k)}

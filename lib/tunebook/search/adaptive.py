@@ -85,7 +85,7 @@ class Replay:
 @dataclass
 class Point:
     knobs: dict[str, Any]
-    users: int
+    users: float  # the load level: concurrent users, or a trace's replay speed
     row: Row
     meets: bool
     value: float | None  # the objective; None when the run gave none (failed)
@@ -125,17 +125,23 @@ def meets(row: Row, bounds: Sequence[Bound]) -> bool:
     return all(b.met(row) for b in bounds)
 
 
-def best_load(evaluate: Evaluate, knobs: dict[str, Any], levels: Sequence[int],
+def _users(level: float) -> str:
+    return f"{level} users"
+
+
+def best_load(evaluate: Evaluate, knobs: dict[str, Any], levels: Sequence[float],
               bounds: Sequence[Bound], objective: str = "output_tok_s",
               beat: float | None = None, gain: float = 1.05,
-              first: int | None = None) -> ConfigOutcome:
+              first: int | None = None,
+              say: Callable[[float], str] = _users) -> ConfigOutcome:
     """Bisect `levels` for the highest load of this config that meets every bound.
 
     `beat`: the best score so far; the config is pruned as soon as a point that misses the SLO
     serves no more than it (its score cannot exceed that point's throughput). A feasible level
     that serves less than `gain` × the feasible level below it ends the climb (saturation).
     `first`: the level to try first (the search passes the best config's level: a config that
-    misses the SLO there and serves no more than the best is done after one point)."""
+    misses the SLO there and serves no more than the best is done after one point). `say`:
+    a level in words (SearchSpec.level_text: users, or a trace's replay speed)."""
     out = ConfigOutcome(dict(knobs))
     lo, hi = -1, len(levels)  # highest index known to meet, lowest index known to miss
     while hi - lo > 1:
@@ -152,8 +158,8 @@ def best_load(evaluate: Evaluate, knobs: dict[str, Any], levels: Sequence[int],
                           if p.meets and p.users < point.users and p.value is not None), None)
             lo = mid
             if below is not None and value is not None and value < gain * below.value:
-                out.why = (f"saturated at {point.users} users: {value:,.1f} < {gain:g} × "
-                           f"{below.value:,.1f} at {below.users}")
+                out.why = (f"saturated at {say(point.users)}: {value:,.1f} < {gain:g} × "
+                           f"{below.value:,.1f} at {say(below.users)}")
                 return out
         else:
             hi = mid
@@ -164,19 +170,19 @@ def best_load(evaluate: Evaluate, knobs: dict[str, Any], levels: Sequence[int],
             if beat is not None and (own is None or own <= beat) and (
                     value is None or value <= beat):
                 out.pruned = True
-                out.why = (f"pruned at {point.users} users: misses the SLO and serves "
+                out.why = (f"pruned at {say(point.users)}: misses the SLO and serves "
                            f"{'nothing' if value is None else f'{value:,.1f}'} ≤ the best "
                            f"{beat:,.1f}")
                 return out
             if own is not None and (value is None or value <= own) and out.best is not None:
-                out.why = (f"best {out.best.users} users: {point.users} users miss and serve "
-                           "no more than it")
+                out.why = (f"best {say(out.best.users)}: {say(point.users)} misses and "
+                           "serves no more than it")
                 return out
     if out.best is None:
-        out.why = f"no load level meets the SLO (lowest tried: {levels[0]} users)"
+        out.why = f"no load level meets the SLO (lowest tried: {say(levels[0])})"
     else:
-        top = "the highest level" if lo == len(levels) - 1 else f"{levels[lo + 1]} users miss"
-        out.why = f"best {out.best.users} users ({top})"
+        top = "the highest level" if lo == len(levels) - 1 else f"{say(levels[lo + 1])} misses"
+        out.why = f"best {say(out.best.users)} ({top})"
     return out
 
 
@@ -274,7 +280,8 @@ def search(evaluate: Evaluate, spec: SearchSpec, bounds: Sequence[Bound],
             first = (spec.users.index(lead.best.users)
                      if lead is not None and lead.best is not None else None)
             done = best_load(evaluate, knobs, spec.users, bounds, spec.objective,
-                             beat=lead.score if lead else None, gain=spec.gain, first=first)
+                             beat=lead.score if lead else None, gain=spec.gain, first=first,
+                             say=spec.level_text)
             outcomes[key(knobs)] = done
             # beating the best by less than min_gain is noise: it moves the answer, not patience
             beat = done.score is not None and (

@@ -55,10 +55,11 @@ class SweepEvaluator:
         self.touched: list[str] = []  # the points this search asked for, in order
         self._first = True  # the search's own params are recorded once, not one per point
 
-    def point_params(self, knobs: dict[str, Any], users: int) -> SweepParams:
+    def point_params(self, knobs: dict[str, Any], users: float) -> SweepParams:
+        """One point: this engine config at this load level (users, or a trace's speed)."""
         p = self.params
         return dataclasses.replace(p, engine_grid=(dict(knobs),), parts=(),
-                                   load=dataclasses.replace(p.load, users=(users,)))
+                                   load=p.load.at_level(users))
 
     def __call__(self, knobs: dict[str, Any], users: int) -> dict[str, Any]:
         if self._first and not self.stored_only:
@@ -140,8 +141,9 @@ def stored_progress(params: SweepParams, outputs: Path | str | None) -> str | No
     store = Store(Path(outputs or config.outputs_dir()) / params.experiment)
     points: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
     ok = [r for r in latest_attempts(store.rows()) if r.get("status") == schema.STATUS_OK]
+    level = "replay_speed" if params.load.search_levels()[1] == "speed" else "max_concurrency"
     for r in sorted(ok, key=lambda r: str(r.get("started_at"))):  # the row the search reads
-        points.setdefault((r.get("engine_config_id"), r.get("max_concurrency")), []).append(r)
+        points.setdefault((r.get("engine_config_id"), r.get(level)), []).append(r)
     if not points:
         return None
     costs = {k: point_cost(rows) for k, rows in points.items()}
@@ -159,13 +161,13 @@ def describe(params: SweepParams, outputs: Path | str | None = None) -> str:
     """The dry run of a search: the bounds, the space, what the full grid would cost, and
     (with `outputs`) what is stored already."""
     bounds = slo.parse_slo(list(params.slo))
-    spec = slo.parse_search(params.search, params.load.users)
+    spec = slo.parse_search(params.search, *params.load.search_levels())
     grid = spec.grid()
     lines = [f"search {params.experiment}: maximise {spec.objective} subject to "
              + " and ".join(str(b) for b in bounds),
              f"  space: {len(grid)} engine configs × {len(spec.users)} load levels "
-             f"(users {list(spec.users)}) = {len(grid) * len(spec.users)} points in the full "
-             "grid",
+             f"({'replay speeds' if spec.level == 'speed' else 'users'} {list(spec.users)}) = "
+             f"{len(grid) * len(spec.users)} points in the full grid",
              f"  sampler {spec.sampler} (seed {spec.seed}"
              + (f", {spec.startup} random configs first" if spec.sampler == "tpe" else "")
              + "); budget: "
@@ -202,7 +204,7 @@ def remeasure(params: SweepParams, outputs: Path, picks: dict[str, dict[str, Any
     out = []
     for name, pick in picks.items():
         p = dataclasses.replace(p0, engine_grid=(dict(pick["knobs"]),),
-                                load=dataclasses.replace(p0.load, users=(pick["users"],)))
+                                load=p0.load.at_level(pick["users"]))
         sweep = Sweep(p, outputs, SweepOptions(progress=progress))
         t0 = time.monotonic()
         if not stored_only:
@@ -272,6 +274,7 @@ def summary(params: SweepParams, result: adaptive.SearchResult, evaluator: Sweep
     best = result.best
     out: dict[str, Any] = {
         "experiment": params.experiment, "slo": [str(b) for b in result.bounds],
+        "level": result.spec.level,
         "search": result.spec.to_dict(), "stopped": result.stopped,
         "engine_starts": evaluator.engine_starts, "engine_s": round(evaluator.engine_s, 1),
         "engine_s_now": round(evaluator.spent_s, 1), "engine_starts_now": evaluator.keeper.starts,
@@ -314,7 +317,7 @@ def tune(params: SweepParams, outputs: Path | str | None = None, progress: bool 
     """Run the search; store its summary under <experiment>/search/ (never overwritten).
     Exit code: 0 a config meets the SLO, 1 none does (the summary names the closest)."""
     bounds = slo.parse_slo(list(params.slo))
-    spec = slo.parse_search(params.search, params.load.users)
+    spec = slo.parse_search(params.search, *params.load.search_levels())
     evaluator = SweepEvaluator(params, outputs, progress)
     try:
         result = adaptive.search(evaluator, spec, bounds)
@@ -355,6 +358,37 @@ def runner_up(out: dict) -> dict[str, Any] | None:
             "behind": round((top - c["score"]) / top, 4)}
 
 
+def level_text(out: dict, level: Any) -> str:
+    """A load level of a stored summary in words (summaries before traces: users)."""
+    if level is None:
+        return "no level"
+    return f"{level:g}× the trace's rate" if out.get("level") == "speed" else f"{level} users"
+
+
+def edges(out: dict) -> list[str]:
+    """Where the answer sits on the edge of the space searched, and what to widen: at the
+    highest load level (every level it tried met the SLO: a higher one may too), or at the
+    first or last value of a numeric knob."""
+    best, search = out.get("best"), out.get("search") or {}
+    if not best:
+        return []
+    notes = []
+    levels = search.get("speeds" if out.get("level") == "speed" else "users") or []
+    key = "search.speeds" if out.get("level") == "speed" else "search.users"
+    if levels and best.get("users") == max(levels):
+        notes.append(f"the answer is at the highest load level searched "
+                     f"({level_text(out, best['users'])}): the space may end before the SLO "
+                     f"does; widen {key} upward")
+    for name, values in (search.get("knobs") or {}).items():
+        nums = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+        v = best["knobs"].get(name)
+        if len(nums) >= 2 and v in (min(nums), max(nums)) and len(values) == len(nums):
+            side = "largest" if v == max(nums) else "smallest"
+            notes.append(f"{name}={v} is the {side} value searched: widen search.knobs.{name} "
+                         f"{'up' if side == 'largest' else 'down'}")
+    return notes
+
+
 def report_text(out: dict) -> str:
     lines = [f"slo: {' and '.join(out['slo'])}",
              f"search: {out['points']} points on {len(out['configs'])} engine configs "
@@ -362,24 +396,27 @@ def report_text(out: dict) -> str:
              f"full grid has {out['grid_points']} points; stopped: {out['stopped']}"]
     if "best" in out:
         b = out["best"]
-        lines += [f"best: {b['knobs']} at {b['users']} users"
+        lines += [f"best: {b['knobs']} at {level_text(out, b['users'])}"
                   + (f", {b['vs_baseline']:.2f}× the baseline {out['baseline']['knobs']}"
                      if "vs_baseline" in b else ""),
                   f"  {b['serve']}"]
         c = out.get("confirm")
         r = runner_up(out)
         if r is not None and not c:
-            lines.append(f"runner-up: {r['knobs']} at {r['users']} users, {r['behind']:.1%} "
+            lines.append(f"runner-up: {r['knobs']} at {level_text(out, r['users'])}, "
+                         f"{r['behind']:.1%} "
                          "behind" + (f": one draw each, a lead under {CLOSE_LEAD:.0%} can be "
                                      "run-to-run noise (search.confirm: 3 re-measures both)"
                                      if r["behind"] < CLOSE_LEAD else ""))
         if c:
             lines.append(f"confirmed ({c['repeats']} repeats each, {out['engine_s_confirm']:.0f} s"
-                         f"): {c['pick']} at {c['users']} users, mean {c['mean']:,.1f}, meets "
+                         f"): {c['pick']} at {level_text(out, c['users'])}, mean "
+                         f"{c['mean']:,.1f}, meets "
                          f"the SLO {c['meets']}"
                          + ("" if "lead" not in c else
                             "; the runner-up is within the run-to-run noise" if c["within_noise"]
                             else f"; {c['lead']:.1%} ahead of the runner-up"))
+        lines += [f"on the edge: {e}" for e in edges(out)]
     else:
         lines.append("no config meets the SLO")
         if "closest" in out:
