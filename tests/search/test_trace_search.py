@@ -85,3 +85,21 @@ def test_an_answer_on_the_edge_says_what_to_widen() -> None:
               "best": {**out["best"], "users": 2.0}}
     assert "(2× the trace's rate)" in slo_search.edges(speeds)[0]
     assert "search.speeds" in slo_search.edges(speeds)[0]
+
+
+def test_goodput_past_capacity_does_not_cut_the_climb_short() -> None:
+    """Goodput falls past what a config serves well: 16× misses the SLO and its goodput (12)
+    is no more than 4×'s, yet 8× meets it and serves twice as much. The missed level's
+    throughput (24), not its goodput, bounds the levels below it (CEILINGS)."""
+    def evaluate(knobs: dict[str, Any], speed: float) -> dict[str, Any]:
+        cap = 8.0
+        throughput = 3.0 * min(speed, cap)
+        attainment = 1.0 if speed <= cap else 0.5
+        return {"status": "ok", "request_throughput_req_s": throughput,
+                "request_goodput_req_s": throughput * attainment, "slo_attainment": attainment}
+
+    bounds = slo.parse_slo(["slo_attainment >= 0.95"])
+    out = adaptive.best_load(evaluate, {}, (1.0, 2.0, 4.0, 8.0, 16.0), bounds,
+                             "request_goodput_req_s")
+    assert [p.users for p in out.points] == [4.0, 16.0, 8.0]
+    assert out.best is not None and (out.best.users, out.score) == (8.0, 24.0)

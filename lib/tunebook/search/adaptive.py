@@ -118,6 +118,18 @@ def _objective(row: Row, objective: str) -> float | None:
     return float(v) if ok and isinstance(v, int | float) and math.isfinite(float(v)) else None
 
 
+# Objectives that can fall as load grows past what an engine serves well: goodput counts only
+# the requests that met their bounds. A level below a missed one may serve more of it, so the
+# missed level's goodput bounds nothing; its completed requests per second do (goodput ≤
+# throughput, and throughput does not fall as load grows), and stand in for it in pruning.
+CEILINGS = {"request_goodput_req_s": "request_throughput_req_s"}
+
+
+def _ceiling(row: Row, objective: str) -> float | None:
+    """What any lower load level of this config can serve at most, as seen from this row."""
+    return _objective(row, CEILINGS.get(objective, objective))
+
+
 def meets(row: Row, bounds: Sequence[Bound]) -> bool:
     """Every bound met by an ok run."""
     if row.get("status", schema.STATUS_OK) != schema.STATUS_OK:
@@ -164,17 +176,19 @@ def best_load(evaluate: Evaluate, knobs: dict[str, Any], levels: Sequence[float]
         else:
             hi = mid
             own = out.score
-            # the levels left (between lo and mid) serve at most `value`: when that is no more
-            # than the best so far, none of them can win — the best of another config (pruned)
-            # or this config's own (its search is done)
+            # the levels left (between lo and mid) serve at most `ceiling` (the objective
+            # itself, or for goodput the throughput: CEILINGS): when that is no more than the
+            # best so far, none of them can win — the best of another config (pruned) or this
+            # config's own (its search is done)
+            ceiling = _ceiling(row, objective)
             if beat is not None and (own is None or own <= beat) and (
-                    value is None or value <= beat):
+                    ceiling is None or ceiling <= beat):
                 out.pruned = True
                 out.why = (f"pruned at {say(point.users)}: misses the SLO and serves "
-                           f"{'nothing' if value is None else f'{value:,.1f}'} ≤ the best "
+                           f"{'nothing' if ceiling is None else f'{ceiling:,.1f}'} ≤ the best "
                            f"{beat:,.1f}")
                 return out
-            if own is not None and (value is None or value <= own) and out.best is not None:
+            if own is not None and (ceiling is None or ceiling <= own) and out.best is not None:
                 out.why = (f"best {say(out.best.users)}: {say(point.users)} misses and "
                            "serves no more than it")
                 return out
