@@ -125,6 +125,7 @@ REPLOTS: dict[str, tuple[str, str]] = {
     "cpu-ch07": ("ch07.yaml", "cpu/ch07"),
     "cpu-ch08": ("ch08.yaml", "cpu/ch08"),
     "cpu-slo": ("slo.yaml", "cpu/slo-bench/slo-search"),
+    "cpu-traces": ("traces.yaml", "cpu/traces"),
 }
 # Replots whose figures read the machine's other experiments too (Fig 7.1): the committed
 # experiments beside the stored one are copied beside the copy.

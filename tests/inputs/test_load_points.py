@@ -49,6 +49,9 @@ def test_committed_experiments_still_resume_as_done(path: Path) -> None:
     root = REPO / "outputs" / ("h200" if "h200" in path.stem else "cpu") / p.experiment
     if not (root / "runs").is_dir():
         pytest.skip(f"no committed experiment {root.relative_to(REPO)}")
+    if p.search:
+        pytest.skip("a search stores the points it chose, not every run its params plan "
+                    "(tests/search hold its summaries)")
     stored = {str(r["run_id"]) for r in Store(root).rows()}
     planned = {r.run_id for r in make_plan(p).runs}
     assert planned <= stored, sorted(planned - stored)[:5]

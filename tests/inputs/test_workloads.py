@@ -237,3 +237,21 @@ def test_the_profile_draws_what_was_asked_beside_what_was_sent() -> None:
     assert sum(r["requests"] for r in arrivals) == len(asked)
     with pytest.raises(ValueError, match="nothing to profile"):
         plots.workload_profile(asked.iloc[:0], sent.iloc[:0], "empty")
+
+
+@pytest.mark.replot("cpu-traces")
+def test_the_trace_chapter_on_stored_rows(replots) -> None:
+    """notebooks/30_traces on the committed CPU replays (no engine starts): per trace its
+    profile (asked beside sent), its runs with goodput and prefix-cache hits, offline HTML."""
+    from tunebook.present import report
+
+    r = replots["cpu-traces"]
+    rc, out = r.wait()
+    assert rc == 0, out
+    assert sorted((r.exp / "engines").iterdir()) == r.engine_logs_before, out  # none started
+    html = report.latest_notebook(r.exp).with_suffix(".html").read_text()
+    assert not report.external_resources(html)
+    for text in ("asked and sent", "azure-conv-2023-first180s.csv", "hits predicted",
+                 "Converted: CSV trace written as vLLM timed_trace records",
+                 "mooncake-conversation-first180s.jsonl", "Goodput bounds (ms)"):
+        assert text in html, text

@@ -103,3 +103,21 @@ def test_goodput_past_capacity_does_not_cut_the_climb_short() -> None:
                              "request_goodput_req_s")
     assert [p.users for p in out.points] == [4.0, 16.0, 8.0]
     assert out.best is not None and (out.best.users, out.score) == (8.0, 24.0)
+
+
+def test_the_gain_over_the_default_has_an_interval() -> None:
+    """confirm re-measures the baseline beside the answer: the gain is a ratio of their
+    repeats with its 95% interval, in the report."""
+    measured = [
+        {"name": "answer", "knobs": {"max_num_seqs": 64}, "users": 8.0, "meets": 3,
+         "values": [15.0, 15.5, 14.5], "mean": 15.0, "spread": 0.07},
+        {"name": "baseline", "knobs": {"max_num_seqs": 128}, "users": 4.0, "meets": 3,
+         "values": [10.0, 10.4, 9.6], "mean": 10.0, "spread": 0.08},
+    ]
+    out = {"level": "speed", "baseline": {"knobs": {"max_num_seqs": 128}},
+           "confirm": slo_search.confirm_pick(measured, 3)}
+    gain = slo_search.gain_over_baseline(measured, out, "request_goodput_req_s")
+    assert gain["vs_baseline_mean"] == pytest.approx(1.5)
+    assert gain["vs_baseline"].startswith("1.5×") and "95% CI, 3 runs" in gain["vs_baseline"]
+    same = {**out, "baseline": {"knobs": {"max_num_seqs": 64}}}
+    assert slo_search.gain_over_baseline(measured[:1], same, "x")["vs_baseline_mean"] == 1.0

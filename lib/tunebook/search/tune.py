@@ -25,6 +25,7 @@ from tunebook.inputs import slo
 from tunebook.inputs.params import SweepParams
 from tunebook.measure.supply import EngineKeeper, run_seconds
 from tunebook.measure.sweep import Sweep, SweepOptions
+from tunebook.results import stats
 from tunebook.results.store import Store, latest_attempts, stamp, write_new
 from tunebook.search import adaptive
 
@@ -247,6 +248,37 @@ def confirm_pick(measured: list[dict[str, Any]], repeats: int) -> dict[str, Any]
     return out
 
 
+def gain_over_baseline(measured: list[dict[str, Any]], out: dict,
+                       objective: str) -> dict[str, Any]:
+    """The re-measured answers over the baseline (each at its own best level), as ratios with
+    their 95% intervals from the repeats: the confirmed pick's ('vs_baseline') and, when the
+    repeats did not confirm it, the search's own answer's ('search_vs_baseline'); {} when the
+    baseline or the pick was not re-measured."""
+    base_knobs = (out.get("baseline") or {}).get("knobs")
+    base = next((m for m in measured if m["knobs"] == base_knobs),
+                next((m for m in measured if m["name"] == "baseline"), None))
+    pick = next((m for m in measured if m["knobs"] == out["confirm"]["pick"]), None)
+    found = next((m for m in measured if m["name"] == "answer"), None)
+    if base is None or pick is None:
+        return {}
+
+    def vs(m: dict[str, Any]) -> tuple[str, float] | None:
+        a, b = stats.Interval.of(m.get("values") or []), stats.Interval.of(base["values"] or [])
+        if a.n == 0 or b.n == 0 or not b.mean:
+            return None
+        if m is base:
+            return "the answer is the baseline (vLLM's defaults here)", 1.0
+        r = stats.ratio(a, b)
+        return f"{r.text('x')} of the baseline's {objective}", round(r.mean, 3)
+
+    out_: dict[str, Any] = {}
+    if (g := vs(pick)) is not None:
+        out_["vs_baseline"], out_["vs_baseline_mean"] = g
+    if found is not None and found is not pick and (g := vs(found)) is not None:
+        out_["search_vs_baseline"] = g[0]
+    return out_
+
+
 def paired_points(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
     """Run-to-run noise at no extra engine time: the points (config, load level) that two
     summaries (a search and the grid) both measured, each on its own engine start. Per pair:
@@ -329,9 +361,15 @@ def tune(params: SweepParams, outputs: Path | str | None = None, progress: bool 
                         key=lambda o: o.score or 0.0, reverse=True)[:2]
         picks = {name: {"knobs": o.knobs, "users": o.best.users}  # type: ignore[union-attr]
                  for name, o in zip(("answer", "runner-up"), ranked, strict=False)}
+        base = result.baseline
+        if (base is not None and base.best is not None
+                and all(base.knobs != p["knobs"] for p in picks.values())):
+            # the default, re-measured too: the answer's gain over it gets an interval
+            picks["baseline"] = {"knobs": base.knobs, "users": base.best.users}
         measured = remeasure(params, evaluator.outputs, picks, spec.confirm, spec.objective,
                              bounds, progress)
         out["confirm"] = confirm_pick(measured, spec.confirm)
+        out["confirm"].update(gain_over_baseline(measured, out, spec.objective))
         out["engine_s_confirm"] = round(sum(m["engine_s"] for m in measured), 1)
     folder = evaluator.outputs / params.experiment / "search"
     folder.mkdir(parents=True, exist_ok=True)
@@ -409,13 +447,28 @@ def report_text(out: dict) -> str:
                                      "run-to-run noise (search.confirm: 3 re-measures both)"
                                      if r["behind"] < CLOSE_LEAD else ""))
         if c:
+            values = next((m.get("values") for m in c.get("candidates", [])
+                           if m["knobs"] == c["pick"]), None) or []
+            mean = stats.Interval.of(values).text() if values else f"{c['mean']:,.1f}"
+            found = next((m for m in c.get("candidates", []) if m.get("name") == "answer"),
+                         None)
+            if found is not None and found["knobs"] != c["pick"]:
+                lines.append(f"not confirmed: the search's answer {found['knobs']} met the SLO "
+                             f"in {found['meets']}/{c['repeats']} repeats at "
+                             f"{level_text(out, found['users'])}"
+                             + (f" ({c['search_vs_baseline']})"
+                                if c.get("search_vs_baseline") else ""))
+            lead = c.get("lead")
             lines.append(f"confirmed ({c['repeats']} repeats each, {out['engine_s_confirm']:.0f} s"
                          f"): {c['pick']} at {level_text(out, c['users'])}, mean "
-                         f"{c['mean']:,.1f}, meets "
-                         f"the SLO {c['meets']}"
-                         + ("" if "lead" not in c else
+                         f"{mean}, meets the SLO {c['meets']}"
+                         + ("" if lead is None else
                             "; the runner-up is within the run-to-run noise" if c["within_noise"]
-                            else f"; {c['lead']:.1%} ahead of the runner-up"))
+                            else f"; {lead:.1%} ahead of the runner-up" if lead >= 0
+                            else f"; the runner-up serves {-lead:.1%} more but met the SLO "
+                                 "in fewer repeats"))
+            if c.get("vs_baseline"):
+                lines.append(f"gain over the baseline: {c['vs_baseline']}")
         lines += [f"on the edge: {e}" for e in edges(out)]
     else:
         lines.append("no config meets the SLO")
