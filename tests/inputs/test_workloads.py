@@ -255,3 +255,18 @@ def test_the_trace_chapter_on_stored_rows(replots) -> None:
                  "Converted: CSV trace written as vLLM timed_trace records",
                  "mooncake-conversation-first180s.jsonl", "Goodput bounds (ms)"):
         assert text in html, text
+
+
+def test_a_client_without_the_dataset_is_said_before_any_engine(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM 0.26's client (the H200 bundle) has no timed_trace: a trace is refused by params,
+    naming the installed client, instead of failing in the client after an engine start."""
+    from tunebook.core import hardware
+
+    monkeypatch.setattr(hardware, "vllm_client_datasets",
+                        lambda: frozenset({"random", "sharegpt", "custom", "burstgpt"}))
+    monkeypatch.setattr(hardware, "vllm_package", lambda: "vllm 0.26.0")
+    with pytest.raises(P.ParamsError, match=r"load.file: mooncake-conversation-first180s.jsonl: "
+                                            r"the installed vLLM's benchmark client \(vllm "
+                                            r"0.26.0\) has no timed_trace dataset"):
+        _params(MOONCAKE, window_s=[0, 10])

@@ -42,6 +42,27 @@ def vllm_package() -> str | None:
     return _dist_version(*VLLM_DISTRIBUTIONS)
 
 
+@functools.cache
+def vllm_client_datasets() -> frozenset[str] | None:
+    """The `--dataset-name` choices of the installed vLLM's benchmark client, read from its
+    source without importing vLLM (~10 s); None when there is no vLLM or the file moved."""
+    import re
+
+    for name in VLLM_DISTRIBUTIONS:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        for rel in ("vllm/benchmarks/datasets/datasets.py", "vllm/benchmarks/datasets.py"):
+            path = Path(str(dist.locate_file(rel)))
+            if path.is_file():
+                text = path.read_text(errors="replace")
+                m = re.search(r'"--dataset-name".*?choices=\[(.*?)\]', text, re.DOTALL)
+                if m:
+                    return frozenset(re.findall(r'"([\w-]+)"', m[1]))
+    return None
+
+
 def vllm_version() -> str | None:
     """The installed vLLM version, e.g. '0.32.0' (the resume key: tunebook.inputs.plan.Resume)."""
     package = vllm_package()

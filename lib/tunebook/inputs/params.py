@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from tunebook.core import knobs
+from tunebook.core import hardware, knobs
 from tunebook.inputs.load import BLOCK_REUSE, DATASETS, FILE, PROMPT_DATASETS, WorkloadRef
 from tunebook.inputs.workloads import formats as workload_formats
 from tunebook.inputs.workloads.replay import Replay, source_path
@@ -1109,6 +1109,11 @@ def _workload_keys(v: _Validator, raw: dict[str, Any],
     except workload_formats.WorkloadError as e:
         v.err("load.file", f"{file}: {str(e).split(': ', 1)[-1]}")
         return None, (1.0,)
+    have = hardware.vllm_client_datasets()
+    if have is not None and w.vllm_dataset not in have:
+        v.err("load.file", f"{w.source}: the installed vLLM's benchmark client "
+                           f"({hardware.vllm_package()}) has no {w.vllm_dataset} dataset "
+                           "(vLLM 0.32's has): it cannot send this file here")
     if not w.timed:
         for k in ("speeds", "window_s", "length_scale", "block_tokens", "time_unit_s"):
             if k in raw and not (k == "length_scale" and raw[k] == 1):
