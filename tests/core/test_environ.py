@@ -15,8 +15,10 @@ from tunebook.models.presets import resolve_model
 from tunebook.servers.vllm import Engine
 
 
-def test_an_imports_variables_stay_out_of_engines(monkeypatch: pytest.MonkeyPatch,
-                                                  tmp_path: Path) -> None:
+@pytest.fixture
+def imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """envsetter imported through config.import_module: it changed a variable the user had
+    set and added one, with no record of earlier imports (restored after the test)."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     monkeypatch.setattr(config, "_SET_BY_IMPORTS", {})
     monkeypatch.delenv(config.SET_BY_IMPORTS_ENV, raising=False)
@@ -24,6 +26,10 @@ def test_an_imports_variables_stay_out_of_engines(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("TUNEBOOK_TEST_CHANGED", "by the user")
     monkeypatch.delenv("TUNEBOOK_TEST_ADDED", raising=False)
     config.import_module("envsetter")
+
+
+def test_an_imports_variables_stay_out_of_engines(imported: None, monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
     env = config.user_environ()
     assert env["TUNEBOOK_TEST_CHANGED"] == "by the user" and "TUNEBOOK_TEST_ADDED" not in env
     e = Engine(resolve_model("qwen3-tiny"), {}, {}, tmp_path / "e.log")
@@ -34,17 +40,10 @@ def test_an_imports_variables_stay_out_of_engines(monkeypatch: pytest.MonkeyPatc
     assert config.user_environ()["TUNEBOOK_TEST_ADDED"] == "by the user"
 
 
-def test_a_process_started_from_it_knows_them_too(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_process_started_from_it_knows_them_too(imported: None) -> None:
     """A papermill kernel or a spawned sweep inherits os.environ as the import left it: the
     variables the import set are not that process's user's either (else its engines get
     /tmp's Inductor cache and differ from the launcher they would fork from)."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    monkeypatch.setattr(config, "_SET_BY_IMPORTS", {})
-    monkeypatch.delenv(config.SET_BY_IMPORTS_ENV, raising=False)
-    monkeypatch.delitem(sys.modules, "envsetter", raising=False)
-    monkeypatch.setenv("TUNEBOOK_TEST_CHANGED", "by the user")
-    monkeypatch.delenv("TUNEBOOK_TEST_ADDED", raising=False)
-    config.import_module("envsetter")
     lib = str(Path(config.__file__).parents[2])
     out = subprocess.run(
         [sys.executable, "-c", "import json; from tunebook.core import config; "
