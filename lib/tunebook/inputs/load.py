@@ -7,7 +7,7 @@ params in tunebook.inputs.params); tunebook.measure.client runs whatever argumen
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +53,19 @@ class WorkloadRef:
     conversion: str | None
     capped_inputs: int
     capped_outputs: int
+    # mean (input, output) tokens of the prepared requests (0 where the file gives text)
+    mean_input_len: int = 0
+    mean_output_len: int = 0
+    # (source line, input + output tokens) of every timed request, longest first
+    longest: tuple[tuple[int, int], ...] = ()
+    shared_prefix_share: float | None = None  # Prepared.shared_prefix_share
+    file_name: str = ""  # the prepared file, named by its content (Prepared.file_name)
+    # the source file's (mtime, size) when it was prepared: unchanged, it is not read again
+    source_state: tuple[int, int] | None = None
 
     @classmethod
     def of(cls, r: workload_replay.Replay) -> WorkloadRef:
+        state = file_state(r)
         p = workload_replay.prepare(r)
         ins = [x["input_length"] for x in p.records if "input_length" in x]
         outs = [x.get("output_length", x.get("output_tokens")) for x in p.records]
@@ -65,14 +75,7 @@ class WorkloadRef:
                    round(sum(ins) / len(ins)) if ins else 0,
                    round(sum(outs) / len(outs)) if outs else 0,
                    tuple(sorted(workload_replay.too_long(p, 0), key=lambda x: -x[1])),
-                   p.shared_prefix_share())
-
-    # mean (input, output) tokens of the prepared requests (0 where the file gives text)
-    mean_input_len: int = 0
-    mean_output_len: int = 0
-    # (source line, input + output tokens) of its longest timed requests, longest first
-    longest: tuple[tuple[int, int], ...] = ()
-    shared_prefix_share: float | None = None  # Prepared.shared_prefix_share
+                   p.shared_prefix_share(), p.file_name, state)
 
     def too_long(self, max_tokens: int) -> list[tuple[int, int]]:
         """(source line, tokens) of the requests over `max_tokens` (input + output)."""
@@ -87,7 +90,12 @@ class WorkloadRef:
 
     def path(self) -> Path:
         """The prepared file vLLM's client reads, written when missing; an error when the
-        source file no longer gives what was planned."""
+        source file no longer gives what was planned. A source unchanged since it was
+        prepared (mtime, size) is not read again: each load point asks."""
+        done = config.workloads_dir() / self.file_name
+        if self.file_name and self.source_state is not None and \
+                file_state(self.replay) == self.source_state and done.is_file():
+            return done
         p = workload_replay.prepare(self.replay)
         if p.sha != self.sha:
             raise ValueError(f"{self.source} changed since the sweep was planned (its "
@@ -111,6 +119,15 @@ class WorkloadRef:
             "workload_conversion": self.conversion,
             "workload_shared_prefix_share": self.shared_prefix_share,
         }
+
+
+def file_state(r: workload_replay.Replay) -> tuple[int, int] | None:
+    """The source file's (mtime ns, size); None when it cannot be read."""
+    try:
+        st = workload_replay.source_path(r).stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 @dataclass(frozen=True)
@@ -147,11 +164,12 @@ class LoadPoint:
     def identity(self) -> dict[str, Any]:
         """What defines the point, for its run id (see _ID_NEUTRAL): a workload by the content
         of what it sends."""
-        out = {k: v for k, v in asdict(self).items()
-               if not (k in _ID_NEUTRAL and v == _ID_NEUTRAL[k]) and k not in _NOT_IDENTITY}
+        # fields one by one, not asdict: a workload is its sha, not a deep copy of its lengths
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
         if self.workload is not None:
-            out["workload"] = self.workload.sha
-        return out
+            values["workload"] = self.workload.sha
+        return {k: v for k, v in values.items()
+                if not (k in _ID_NEUTRAL and v == _ID_NEUTRAL[k]) and k not in _NOT_IDENTITY}
 
     @property
     def label(self) -> str:

@@ -44,9 +44,16 @@ from typing import Any
 import yaml
 
 from tunebook.core import hardware, knobs
-from tunebook.inputs.load import BLOCK_REUSE, DATASETS, FILE, PROMPT_DATASETS, WorkloadRef
+from tunebook.inputs.load import (
+    BLOCK_REUSE,
+    DATASETS,
+    FILE,
+    PROMPT_DATASETS,
+    WorkloadRef,
+    file_state,
+)
 from tunebook.inputs.workloads import formats as workload_formats
-from tunebook.inputs.workloads.replay import Replay, source_path
+from tunebook.inputs.workloads.replay import Replay
 from tunebook.models import presets as models
 from tunebook.models.prompts import MIN_INPUT_LEN
 from tunebook.servers import kinds as server_kinds
@@ -148,13 +155,13 @@ class LoadParams:
     def search_levels(self) -> tuple[tuple[float, ...], str]:
         """The load levels a search bisects, and what they are (tunebook.inputs.slo.LEVELS):
         a trace's replay speeds, else concurrent users."""
-        if self.replay is not None and self.timed:
+        if self.timed:
             return self.speeds, "speed"
         return tuple(self.users), "users"
 
     def at_level(self, level: float) -> LoadParams:
         """This load at one level of a search: one replay speed, or one number of users."""
-        if self.replay is not None and self.timed:
+        if self.timed:
             return replace(self, speeds=(float(level),))
         return replace(self, users=(int(level),))
 
@@ -170,7 +177,7 @@ class LoadParams:
         """Measured prompts of the load point at ``users`` concurrent users."""
         if self.dataset == BLOCK_REUSE:
             return 2
-        if self.replay is not None and self.timed:
+        if self.replay is not None and self.timed:  # (replay: for the type checker)
             return _workload(self.replay).requests
         return self.num_prompts or max(self.min_prompts, users * self.prompts_per_user)
 
@@ -189,12 +196,7 @@ class LoadParams:
 
 
 def _workload(r: Replay) -> WorkloadRef:
-    try:
-        st = source_path(r).stat()
-        state = (st.st_mtime_ns, st.st_size)
-    except OSError:
-        state = None
-    return _workload_cached(r, state)
+    return _workload_cached(r, file_state(r))
 
 
 @functools.lru_cache(maxsize=16)

@@ -19,14 +19,9 @@ from tunebook.inputs.workloads import replay as R
 def asked(records: Iterable[Mapping[str, Any]], speed: float | None = None) -> pd.DataFrame:
     """The prepared requests: arrival (s after the first, at `speed`), input and output tokens
     (NaN where a file gives text), and the tokens of leading blocks an earlier request sent."""
+    records = list(records)
     rows = []
-    seen: set[int] = set()
-    for i, rec in enumerate(records):
-        ids = rec.get("hash_ids") or []
-        lead = 0
-        while lead < len(ids) and ids[lead] in seen:
-            lead += 1
-        seen.update(ids)
+    for i, (rec, lead) in enumerate(zip(records, R.shared_blocks(records), strict=True)):
         ts = rec.get("timestamp")
         rows.append({
             "request": i,

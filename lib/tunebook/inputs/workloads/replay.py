@@ -16,9 +16,11 @@ when, what it sends changes.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,10 @@ class Prepared:
         return ".json" if self.vllm_dataset == "sharegpt" else ".jsonl"  # what vLLM accepts
 
     @property
+    def file_name(self) -> str:
+        return f"{self.sha}{self.suffix}"
+
+    @property
     def requests(self) -> int:
         return len(self.records)
 
@@ -83,21 +89,15 @@ class Prepared:
         block id stands for its whole prefix). None for prompts given as text."""
         if self.vllm_dataset != "timed_trace" or not self.block_tokens:
             return None
-        seen: set[int] = set()
-        hit = total = 0
-        for rec in self.records:
-            n, ids = rec["input_length"], rec["hash_ids"]
-            lead = 0
-            while lead < len(ids) and ids[lead] in seen:
-                lead += 1
-            hit += min(n, lead * self.block_tokens)
-            total += n
-            seen.update(ids)
+        block = self.block_tokens
+        hit = sum(min(rec["input_length"], lead * block)
+                  for rec, lead in zip(self.records, shared_blocks(self.records), strict=True))
+        total = sum(rec["input_length"] for rec in self.records)
         return hit / total if total else None
 
     def write(self, folder: Path) -> Path:
         """The file vLLM reads, written once (named by content; atomic)."""
-        path = folder / f"{self.sha}{self.suffix}"
+        path = folder / self.file_name
         if path.is_file():
             return path
         folder.mkdir(parents=True, exist_ok=True)
@@ -114,9 +114,22 @@ class Prepared:
 
 
 def _json_list(records: tuple[dict[str, Any], ...]) -> str:
-    import json
-
     return json.dumps(list(records), sort_keys=True)
+
+
+def shared_blocks(records: Iterable[Mapping[str, Any]]) -> list[int]:
+    """Per request, its leading hash-id blocks that an earlier request already sent (0 for a
+    record without ids): what a prefix cache could serve it, in blocks."""
+    seen: set[int] = set()
+    out = []
+    for rec in records:
+        ids = rec.get("hash_ids") or []
+        lead = 0
+        while lead < len(ids) and ids[lead] in seen:
+            lead += 1
+        seen.update(ids)
+        out.append(lead)
+    return out
 
 
 def source_path(r: Replay) -> Path:
