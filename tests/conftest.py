@@ -219,10 +219,18 @@ def replots(request: pytest.FixtureRequest,
         r.kill()
 
 
+# A token-shaped secret in the environment of every test: it must not reach any output file
+# (test_engine_cpu looks for it). Set for the whole session, not per test: vLLM reads HF_TOKEN
+# while it is imported, so a start with another value could not fork from the session's
+# launcher and imported one of its own (8.5 s).
+FAKE_HF_TOKEN = "hf_" + "TunebookFakeToken" * 2
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     mp = pytest.MonkeyPatch()
     mp.setenv("TUNEBOOK_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+    mp.setenv("HF_TOKEN", FAKE_HF_TOKEN)
     yield
     mp.undo()
 

@@ -127,3 +127,56 @@ def test_step_times_sum_and_count() -> None:
     st.add("a", 1.5)
     st.add("b", 2.0, calls=3)
     assert st.calls == {"a": 2, "b": 3} and st.seconds["a"] >= 1.5 and st.seconds["b"] == 2.0
+
+
+# A client that streams until it is stopped, as vLLM's does at a long load point: its
+# connections close only as its tasks unwind (main is asyncio.run(main_async(args)), as vLLM's).
+STREAMING = '''
+import asyncio
+
+unwound = []
+
+async def main_async(args):
+    try:
+        await asyncio.sleep(3600)
+    finally:
+        unwound.append(args.seed)
+
+def main(args):
+    return asyncio.run(main_async(args))
+'''
+
+
+def _streaming(serve: types.ModuleType) -> types.ModuleType:
+    exec(STREAMING, serve.__dict__)  # noqa: S102 - test stand-in
+    return serve
+
+
+def test_a_timed_out_client_is_cancelled_not_left_streaming(serve: types.ModuleType) -> None:
+    _streaming(serve)
+    with pytest.raises(L.LoadError, match="did not finish within"):
+        L.run_bench(_argv("tokA", 7), timeout_s=0.3)
+    assert serve.unwound == [7]  # its tasks were cancelled (its streams closed) before the raise
+
+
+def test_ctrl_c_cancels_the_client(serve: types.ModuleType) -> None:
+    """Ctrl-C (or tunebook's SIGTERM handler) raises in the waiting thread: the client is
+    cancelled before the exception goes on. Waiting with Thread.join, CPython 3.11 marked the
+    still-running client thread stopped (bpo-45274) and it was left streaming: vLLM's API
+    server then waited 20 s for its connections at every stop."""
+    import signal
+
+    _streaming(serve)
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            L.run_bench(_argv("tokA", 8), timeout_s=60)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert serve.unwound == [8]

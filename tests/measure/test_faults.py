@@ -201,6 +201,7 @@ def test_runner_signal_mid_run_then_resume(tmp_path: Path, sig: signal.Signals,
     out = sweep.finish(120)
     assert sweep.proc.returncode != 0, out
     assert "nanobind" not in out  # it ran vLLM's client: no dependency noise at its exit
+    assert not _held_open(exp), out
     rows = _rows(exp)
     good = [r for r in rows if r["engine_label"] == "default"]
     assert sorted(r["status"] for r in good) == ["interrupted", "ok"], rows
@@ -234,6 +235,17 @@ def test_runner_signal_mid_run_then_resume(tmp_path: Path, sig: signal.Signals,
         assert "nanobind" not in out  # no dependency noise after the command (cli._quiet_exit)
         assert (tmp_path / "index.html").is_file()  # the outputs index is rebuilt
         _assert_clean(shared_engine)
+
+
+# uvicorn's line when it is stopped with connections still open: it then waits for them with
+# no limit (until the 20-s SIGKILL). A stopped sweep cancels vLLM's client first.
+HELD_OPEN = "Waiting for connections to close"
+
+
+def _held_open(exp: Path) -> list[str]:
+    """Engine logs of `exp` whose server was stopped with a client's connections open."""
+    return [p.name for p in (exp / "engines").glob("*.log")
+            if HELD_OPEN in p.read_text(errors="replace")]
 
 
 def _resets(exp: Path) -> int:
@@ -307,8 +319,11 @@ def test_engine_sigkilled_mid_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_never_ready_times_out(tmp_path: Path) -> None:
     from tunebook.models.presets import resolve_model
 
+    # dev mode as the session's other starts have it: vLLM reads VLLM_SERVER_DEV_MODE while
+    # imported, so without it this start could not fork from the session's launcher (8.7 s
+    # against 3.4 s)
     e = eng.Engine(resolve_model("qwen3-tiny"), {}, {}, tmp_path / "slow.log",
-                   startup_timeout_s=3)
+                   startup_timeout_s=3, options=base.ServerOptions(dev_mode=True))
     with pytest.raises(base.EngineStartError) as ei:
         e.start()
     assert "ready in time" in str(ei.value) and ei.value.diagnosis.setting == "startup_timeout_s"
@@ -322,10 +337,12 @@ def test_orphan_from_dead_kernel_is_reaped(tmp_path: Path) -> None:
     torch.compile, about 18 s less to start on 2 cores; compiling is not what this tests.)"""
     code = (
         "import sys, time\n"
+        "from tunebook.servers.base import ServerOptions\n"
         "from tunebook.servers.vllm import Engine\n"
         "from tunebook.models.presets import resolve_model\n"
         "e = Engine(resolve_model('qwen3-tiny'), {'max_model_len': 1024, 'enforce_eager': True},\n"
-        "           {'VLLM_CPU_KVCACHE_SPACE': '1'}, sys.argv[1], startup_timeout_s=600)\n"
+        "           {'VLLM_CPU_KVCACHE_SPACE': '1'}, sys.argv[1], startup_timeout_s=600,\n"
+        "           options=ServerOptions(dev_mode=True))  # forks from the session's launcher\n"
         "e.start(); print('READY', e.proc.pid, e.port, flush=True); time.sleep(600)\n"
     )
     owner = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "orphan.log")],

@@ -9,6 +9,7 @@ run on the session's shared engine (the same engine config: no second start).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from conftest import SharedEngine
+from conftest import FAKE_HF_TOKEN, SharedEngine
 from tunebook.cli import main as cli
 from tunebook.inputs import params as P
 from tunebook.measure.sweep import Sweep, SweepOptions
@@ -35,19 +36,11 @@ SMALL_OVERRIDES = {"engine_grid": [{}], "load.users": [1, 2], "load.prompts_per_
 pytestmark = pytest.mark.engine
 
 
-# A token-shaped secret in the environment: it must not reach any output file.
-FAKE_HF_TOKEN = "hf_" + "TunebookFakeToken" * 2
-
-
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("outputs")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HF_TOKEN", FAKE_HF_TOKEN)  # the papermill kernel and the engine inherit it
-    try:
-        rc = cli(["run", str(QUICK), *SMALL, "--outputs", str(out), "-q"])
-    finally:
-        mp.undo()
+    assert os.environ["HF_TOKEN"] == FAKE_HF_TOKEN  # conftest: kernel and engine inherit it
+    rc = cli(["run", str(QUICK), *SMALL, "--outputs", str(out), "-q"])
     assert rc == 0
     return out / "quickstart"
 

@@ -277,3 +277,22 @@ def test_a_killed_api_servers_port_refuses_rather_than_hangs(
             socket.create_connection(("127.0.0.1", port), timeout=5).close()
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+def test_files_a_process_polls_for_appear_whole(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """hello.json and owner.json are polled for by name: they appear by a rename, whole (one
+    written in place was read empty by a second launcher's owner: a JSONDecodeError)."""
+    target = tmp_path / "hello.json"
+    seen: list[bool] = []
+    real = os.replace
+
+    def replace(src: str | Path, dst: str | Path) -> None:
+        seen.append(Path(dst).exists())  # nothing under the polled name before the rename
+        assert json.loads(Path(src).read_text()) == {"pid": 1}
+        real(src, dst)
+
+    monkeypatch.setattr(L.os, "replace", replace)
+    L._publish(target, {"pid": 1})
+    assert seen == [False] and json.loads(target.read_text()) == {"pid": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["hello.json"]  # no temp file left

@@ -17,6 +17,7 @@ once per sweep; the dataset is still sampled by every run, from that run's seed,
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import io
@@ -31,6 +32,7 @@ from typing import Any
 
 from tunebook.core import config
 from tunebook.core.schema import COLUMN_NAMES
+from tunebook.core.threads import Background
 from tunebook.inputs.load import LoadPoint
 
 # vLLM's per-request arrays we keep in each run's JSON (they stay out of the table).
@@ -199,28 +201,56 @@ def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
     def work() -> None:
         _CURRENT.run = run
         try:
-            box["result"] = vbs.main(args)
+            main_async = getattr(vbs, "main_async", None)
+            if main_async is None:  # a client without it cannot be cancelled: it runs out
+                box["result"] = vbs.main(args)
+                return
+            with asyncio.Runner() as runner:  # vbs.main is asyncio.run(main_async(args))
+                box["loop"] = runner.get_loop()
+                box["result"] = runner.run(main_async(args))
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
             box["error"] = e
         finally:
             _CURRENT.run = None
 
     redirect = contextlib.redirect_stdout(out) if quiet else contextlib.nullcontext()
+    ended = False
     try:
         with _api_key(api_key), redirect:
-            t = threading.Thread(target=work, name="vllm-bench", daemon=True)
-            t.start()
-            t.join(timeout_s)  # Ctrl-C lands here, in the caller's thread
+            bg = Background(work, "vllm-bench")
+            try:
+                ended = bg.wait(timeout_s)  # Ctrl-C and SIGTERM land here, in the caller's thread
+            finally:
+                if not ended:  # interrupted or timed out: the client lets go of its streams
+                    _cancel_client(box, bg)
     finally:
         if timings is not None:
             timings.update({"client_s": time.monotonic() - t0, "client_import_s": t_import,
                             **run.timings})
     text = out.getvalue().replace(api_key, "***") if api_key else out.getvalue()
-    if t.is_alive():
+    if not ended:
         raise LoadError(f"the benchmark did not finish within {timeout_s:.0f} s")
     if "error" in box:
         raise box["error"]
     return box["result"], text
+
+
+def _cancel_client(box: dict[str, Any], bg: Background, grace_s: float = 10.0) -> None:
+    """Cancel the client's asyncio tasks and give it `grace_s` to close its connections.
+
+    An open streaming connection keeps vLLM's API server (uvicorn) waiting, with no limit,
+    when it is stopped next; cancelled, the client's aiohttp sessions close as they unwind."""
+    loop = box.get("loop")
+    if loop is None or loop.is_closed():
+        return
+
+    def cancel_all() -> None:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+
+    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing to cancel
+        loop.call_soon_threadsafe(cancel_all)
+    bg.wait(grace_s)
 
 
 def metrics_row(result: dict[str, Any], point: LoadPoint) -> dict[str, Any]:

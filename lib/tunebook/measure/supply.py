@@ -17,8 +17,8 @@ before config.deadline() (a lent device's per-call limit).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tunebook.core import config, schema
+from tunebook.core.threads import Background
 from tunebook.inputs.load import BLOCK_REUSE
 from tunebook.inputs.plan import EngineConfig, PlannedRun
 from tunebook.measure import progress
@@ -330,22 +331,21 @@ class TogetherSupply(FreshSupply):
             except BaseException as e:  # noqa: BLE001 - handed to get(), in the main thread
                 errors[cfg_id] = e
 
-        threads = [threading.Thread(target=start, args=(cfg.id,), daemon=True,
-                                    name=f"start-{cfg.id}") for cfg, _ in batch]
         t0 = time.monotonic()
+        starts: list[Background] = []
         try:
-            for t in threads:
-                t.start()
+            starts = [Background(functools.partial(start, cfg.id), f"start-{cfg.id}")
+                      for cfg, _ in batch]
             shown = None
-            while any(t.is_alive() for t in threads):
+            while any(b.running() for b in starts):
                 up = sum(s.alive() and s.facts is not None for s in servers.values())
                 if not progress.batch() or up != shown:  # unattended logs: when it changes
                     shown = up
                     bar.set_description(f"starting {len(batch)} engines together: {up} "
                                         f"ready ({time.monotonic() - t0:.0f}s)")
-                for t in threads:  # short joins: Ctrl-C and SIGTERM reach this thread
-                    t.join(timeout=0.5)
-            self.ctx.steps.add("engine start", time.monotonic() - t0, len(threads))
+                for b in starts:  # short waits: Ctrl-C and SIGTERM reach this thread
+                    b.wait(0.5)
+            self.ctx.steps.add("engine start", time.monotonic() - t0, len(starts))
             for cfg, _ in batch:
                 if cfg.id not in errors:
                     note_start(cfg.model, servers[cfg.id].startup_s)
@@ -356,8 +356,8 @@ class TogetherSupply(FreshSupply):
             with self.ctx.steps.time("engine stop"):
                 for server in servers.values():
                     server.stop()
-            for t in threads:
-                t.join(timeout=30)
+            for b in starts:  # a start stopped under it ends soon after
+                b.wait(30)
 
     def get(self, cfg: EngineConfig, runs: list[PlannedRun], model: ModelRef,
             bar: Any) -> Supplied:

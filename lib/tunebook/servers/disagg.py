@@ -36,6 +36,7 @@ it); Fig 6.2's unit (tunebook.figures.ch06_layouts.PrefillDecodeSplit) reads the
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import re
@@ -54,6 +55,7 @@ from typing import Any
 
 import psutil
 
+from tunebook.core.threads import Background
 from tunebook.models.presets import ModelRef, UnsupportedLayoutError, kv_bytes_per_token
 from tunebook.servers import metrics as engine_metrics
 from tunebook.servers.base import (
@@ -394,13 +396,11 @@ class DisaggPair(ServerBase):
         together = all(e.knobs.get("kv_cache_memory_bytes") for e in self.roles.values())
         if together:
             self.started_together = max(self.started_together, len(self.roles))
-            threads = [threading.Thread(target=start, args=(r,), daemon=True,
-                                        name=f"start-{r}") for r in self.roles]
-            for t in threads:
-                t.start()
-            for t in threads:
-                while t.is_alive():  # short joins: Ctrl-C reaches this thread
-                    t.join(timeout=0.5)
+            starts = [Background(functools.partial(start, r), f"start-{r}")
+                      for r in self.roles]
+            for b in starts:
+                while not b.wait(0.5):  # short waits: Ctrl-C reaches this thread
+                    pass
         else:
             for role in self.roles:
                 start(role)

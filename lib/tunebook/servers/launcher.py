@@ -287,7 +287,7 @@ def serve(sock_path: Path, module: str, preload: list[str]) -> None:
     after = dict(os.environ)
     hello = {"pid": os.getpid(), "module": module, "read_at_import": read,
              "set_at_import": {k: v for k, v in after.items() if k in read and read[k] != v}}
-    (sock_path.parent / "hello.json").write_text(json.dumps(hello))  # ready
+    _publish(sock_path.parent / "hello.json", hello)  # ready
     try:
         while os.getppid() == owner:
             _reap(exits)
@@ -319,6 +319,15 @@ def serve(sock_path: Path, module: str, preload: list[str]) -> None:
         _reap(exits)
         with contextlib.suppress(OSError):
             sock_path.unlink()
+
+
+def _publish(path: Path, data: dict[str, Any]) -> None:
+    """Write a file another process polls for, whole: to a temp name, then renamed into place
+    (written in place, a reader that saw the name could read it empty: seen as a
+    JSONDecodeError in `Launcher.ensure` when two launchers started at once)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
 
 
 def _reap(exits: Path) -> None:
@@ -444,8 +453,8 @@ class Launcher:
             (self.folder / stale).unlink(missing_ok=True)
         log = self.folder / "launcher.log"
         self.start_env = {k: v for k, v in env.items() if k.startswith(STARTUP_VARS)}
-        (self.folder / "owner.json").write_text(json.dumps(
-            {"python": self.python, "preload": self.preload, "start_env": self.start_env}))
+        _publish(self.folder / "owner.json",
+                 {"python": self.python, "preload": self.preload, "start_env": self.start_env})
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [self.python, "-m", "tunebook.servers.launcher", str(self.sock_path),
