@@ -44,9 +44,16 @@ def _check_citations(stored: diagnose.Stored, t: pd.DataFrame) -> None:
         assert r.evidence and r.check and r.fix and r.page, r.rule
 
 
-def test_table_from_committed_cpu_runs() -> None:
+@pytest.fixture(scope="module")
+def cpu_stored() -> tuple[diagnose.Stored, pd.DataFrame]:
+    """The committed CPU experiments, loaded once, and their table (~4 s to load, ~7 s for the
+    table on 2 cores): the tests that read them share one."""
     stored = diagnose.Stored.load(OUTPUTS / "cpu")
-    t = diagnose.table(stored)
+    return stored, diagnose.table(stored)
+
+
+def test_table_from_committed_cpu_runs(cpu_stored: tuple[diagnose.Stored, pd.DataFrame]) -> None:
+    stored, t = cpu_stored
     assert tuple(t["rule"]) == tuple(diagnose.RULES) and set(RULE_NAMES) <= set(t["rule"])
     _check_citations(stored, t)
     by = t.set_index("rule")
@@ -106,9 +113,8 @@ def test_assert_induced_on_committed_ch07() -> None:
 
 
 # --- the registry: a new rule is a new row -----------------------------------------------------
-def test_a_new_rule_adds_a_row() -> None:
-    stored = diagnose.Stored.load(OUTPUTS / "cpu")
-    before = diagnose.table(stored)
+def test_a_new_rule_adds_a_row(cpu_stored: tuple[diagnose.Stored, pd.DataFrame]) -> None:
+    stored, before = cpu_stored
 
     @diagnosis_once("test_many_prompts", symptom="a test symptom: many prompts",
                     check="num_prompts (rows)", fix="fewer prompts", setting="load.num_prompts",

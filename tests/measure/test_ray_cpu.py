@@ -145,8 +145,8 @@ def test_two_slots_an_engine_killed_then_stopped_and_resumable(tmp_path: Path) -
     assert len({r["run_id"] for r in rows}) == len(rows), text  # one attempt each
     assert {r["run_id"] for r in rows} <= {r.run_id for r in plan.runs}, text
     by_cfg: dict[int, list[tuple[int, str]]] = {}
-    for r in sorted(rows, key=lambda r: r["users"]):
-        by_cfg.setdefault(r["max_num_seqs"], []).append((r["users"], r["status"]))
+    for r in sorted(rows, key=lambda r: r["max_concurrency"]):
+        by_cfg.setdefault(r["max_num_seqs"], []).append((r["max_concurrency"], r["status"]))
     assert all(r["host"] for r in rows) and set(by_cfg) == {4, 8}, by_cfg
     # the killed engine's config: its first point ok, its second interrupted; the stopped
     # one's: the point in flight interrupted, any before it ok
