@@ -259,14 +259,48 @@ def test_the_trace_chapter_on_stored_rows(replots) -> None:
 
 def test_a_client_without_the_dataset_is_said_before_any_engine(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """vLLM 0.26's client (the H200 bundle) has no timed_trace: a trace is refused by params,
-    naming the installed client, instead of failing in the client after an engine start."""
+    """A client without timed_trace (one older than vLLM 0.26: 0.26 and 0.32 have it) cannot
+    replay a trace: params refuses it, naming the installed client and the datasets it has,
+    instead of failing in the client after an engine start."""
     from tunebook.core import hardware
 
     monkeypatch.setattr(hardware, "vllm_client_datasets",
                         lambda: frozenset({"random", "sharegpt", "custom", "burstgpt"}))
-    monkeypatch.setattr(hardware, "vllm_package", lambda: "vllm 0.26.0")
+    monkeypatch.setattr(hardware, "vllm_package", lambda: "vllm 0.11.0")
     with pytest.raises(P.ParamsError, match=r"load.file: mooncake-conversation-first180s.jsonl: "
                                             r"the installed vLLM's benchmark client \(vllm "
-                                            r"0.26.0\) has no timed_trace dataset"):
+                                            r"0.11.0\) has no timed_trace dataset \(vLLM 0.26 "
+                                            r"and 0.32 have it\), only burstgpt, custom, random, "
+                                            r"sharegpt: it cannot send this file here"):
         _params(MOONCAKE, window_s=[0, 10])
+
+
+# The --dataset-name choices of vLLM 0.26.0's client, as its wheel (the H200 bundle) has them in
+# vllm/benchmarks/datasets/datasets.py
+VLLM_026_CHOICES = """
+    parser.add_argument(
+        "--dataset-name",
+        type=str,
+        default="random",
+        choices=[
+            "sharegpt", "burstgpt", "sonnet", "random", "random-mm", "random-rerank", "hf",
+            "custom", "custom_audio", "custom_image", "prefix_repetition", "spec_bench",
+            "speed_bench", "timed_trace",
+        ],
+        help="Name of the dataset to benchmark on.",
+    )
+"""
+
+
+def test_the_clients_datasets_are_read_from_its_source() -> None:
+    """The choices are read from the source (vLLM is not imported): vLLM 0.26's and the
+    installed client's both have timed_trace, so both replay a trace on its clock."""
+    from tunebook.core import hardware
+
+    assert hardware.dataset_choices(VLLM_026_CHOICES) == {
+        "sharegpt", "burstgpt", "sonnet", "random", "random-mm", "random-rerank", "hf",
+        "custom", "custom_audio", "custom_image", "prefix_repetition", "spec_bench",
+        "speed_bench", "timed_trace"}
+    assert hardware.dataset_choices("no parser here") is None
+    installed = hardware.vllm_client_datasets()
+    assert installed is None or {"timed_trace", "custom", "sharegpt"} <= installed

@@ -46,8 +46,6 @@ def vllm_package() -> str | None:
 def vllm_client_datasets() -> frozenset[str] | None:
     """The `--dataset-name` choices of the installed vLLM's benchmark client, read from its
     source without importing vLLM (~10 s); None when there is no vLLM or the file moved."""
-    import re
-
     for name in VLLM_DISTRIBUTIONS:
         try:
             dist = metadata.distribution(name)
@@ -56,11 +54,19 @@ def vllm_client_datasets() -> frozenset[str] | None:
         for rel in ("vllm/benchmarks/datasets/datasets.py", "vllm/benchmarks/datasets.py"):
             path = Path(str(dist.locate_file(rel)))
             if path.is_file():
-                text = path.read_text(errors="replace")
-                m = re.search(r'"--dataset-name".*?choices=\[(.*?)\]', text, re.DOTALL)
-                if m:
-                    return frozenset(re.findall(r'"([\w-]+)"', m[1]))
+                found = dataset_choices(path.read_text(errors="replace"))
+                if found is not None:
+                    return found
     return None
+
+
+def dataset_choices(source: str) -> frozenset[str] | None:
+    """The `--dataset-name` choices in the source of vLLM's datasets module; None without
+    them."""
+    import re
+
+    m = re.search(r'"--dataset-name".*?choices=\[(.*?)\]', source, re.DOTALL)
+    return frozenset(re.findall(r'"([\w-]+)"', m[1])) if m else None
 
 
 def vllm_version() -> str | None:

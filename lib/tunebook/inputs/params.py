@@ -1113,9 +1113,13 @@ def _workload_keys(v: _Validator, raw: dict[str, Any],
         return None, (1.0,)
     have = hardware.vllm_client_datasets()
     if have is not None and w.vllm_dataset not in have:
+        # timed_trace came to vLLM's client with its PR #39795 (2026): 0.26 (the H200
+        # bundle) and 0.32 have it, an older client does not
+        since = " (vLLM 0.26 and 0.32 have it)" if w.vllm_dataset == "timed_trace" else ""
         v.err("load.file", f"{w.source}: the installed vLLM's benchmark client "
-                           f"({hardware.vllm_package()}) has no {w.vllm_dataset} dataset "
-                           "(vLLM 0.32's has): it cannot send this file here")
+                           f"({hardware.vllm_package()}) has no {w.vllm_dataset} dataset"
+                           f"{since}, only {', '.join(sorted(have))}: it cannot send this "
+                           "file here")
     if not w.timed:
         for k in ("speeds", "window_s", "length_scale", "block_tokens", "time_unit_s"):
             if k in raw and not (k == "length_scale" and raw[k] == 1):
