@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "outputs": str(outputs),
             "interactive": False,  # the tuning notebook runs its params instead of waiting
             **({"dry_run": True} if args.replot else {}),
-        }, progress=not args.quiet)
+        }, progress=not args.quiet, replot=args.replot)
     except PapermillExecutionError as e:  # the partial notebook is saved: render it anyway
         crashed = e
         ipynb = report.latest_notebook(sweep.store.root)
