@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from tunebook.cli import EXIT_BAD_PARAMS, EXIT_OK, main
+from tunebook.core import schema
 from tunebook.present import claims
 from tunebook.results import archive
 from tunebook.results.store import TABLE, Store
@@ -196,6 +197,25 @@ def test_a_bad_archive_is_refused_and_nothing_written(small: Path, tmp_path: Pat
     out = tmp_path / "out"
     with pytest.raises(archive.ArchiveError, match=said):
         archive.unpack(bad, out)
+    assert not out.exists()
+
+
+def test_a_row_of_a_newer_schema_is_refused_before_anything_is_written(small: Path,
+                                                                      tmp_path: Path) -> None:
+    """Its table could not be rebuilt here: refused whole, as the store refuses such a row."""
+    members = _members(small)
+    manifest = json.loads(members[0][1])
+    i = next(i for i, (m, _) in enumerate(members) if m.name.startswith("runs/r2"))
+    record = json.loads(members[i][1])
+    record["row"]["schema_version"] = schema.SCHEMA_VERSION + 1
+    data = json.dumps(record).encode()
+    members[i] = (members[i][0], data)
+    entry = next(f for f in manifest["files"] if f["path"] == members[i][0].name)
+    entry.update(size_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    members[0] = (members[0][0], json.dumps(manifest).encode())
+    out = tmp_path / "out"
+    with pytest.raises(schema.SchemaVersionError, match=members[i][0].name):
+        archive.unpack(_write(small, members), out)
     assert not out.exists()
 
 

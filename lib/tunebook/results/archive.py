@@ -271,7 +271,7 @@ def verified(archive: Path | str) -> Iterator[Verified]:
 def _verify(archive: Path, contents: dict[str, IO[bytes]]) -> Verified:
     manifest: Manifest | None = None
     mtimes: dict[str, float] = {}
-    read_to = "its start"  # how far the stream was read whole: where a truncation is said
+    read_to: str | None = None  # the last member read whole: where a truncation is said
     with open(archive, "rb") as raw:
         try:
             # gzip checks its own length and CRC at the end of the stream, and says when the
@@ -296,8 +296,9 @@ def _verify(archive: Path, contents: dict[str, IO[bytes]]) -> Verified:
                 while gz.read(_CHUNK_BYTES):  # to the end: the gzip trailer is checked
                     pass
         except (EOFError, tarfile.TarError, zlib.error, gzip.BadGzipFile) as e:
-            raise ArchiveError(f"{archive}: truncated or damaged: it breaks off after "
-                               f"{read_to} ({e}); nothing was written") from None
+            where = f"after {read_to}" if read_to else f"before its {MANIFEST} was read"
+            raise ArchiveError(f"{archive}: truncated or damaged: it breaks off {where} ({e}); "
+                               f"nothing was written") from None
     if manifest is None:
         raise ArchiveError(f"{archive}: empty: no {MANIFEST}")
     missing = [e.path for e in manifest.files if e.path not in contents]
@@ -408,8 +409,7 @@ def unpack(archive: Path | str, outputs: Path | str | None = None) -> Unpacked:
             os.utime(target, (pack.mtimes[path], pack.mtimes[path]))
             done.added.append(path)
     for exp in find_experiments(dest) if dest.is_dir() else []:
-        runs = exp / RUNS
-        gained = any((dest / p).is_relative_to(runs) for p in done.added)
-        if runs.is_dir() and (gained or not (exp / TABLE).exists()):
+        gained = any((dest / p).is_relative_to(exp / RUNS) for p in done.added)
+        if gained or not (exp / TABLE).exists():  # a figures-only one too: an empty table
             done.rebuilt.append(Store(exp).rebuild_table())
     return done
