@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "outputs": str(outputs),
             "interactive": False,  # the tuning notebook runs its params instead of waiting
             **({"dry_run": True} if args.replot else {}),
-        }, progress=not args.quiet)
+        }, progress=not args.quiet, replot=args.replot)
     except PapermillExecutionError as e:  # the partial notebook is saved: render it anyway
         crashed = e
         ipynb = report.latest_notebook(sweep.store.root)
@@ -299,6 +299,36 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_pack(args: argparse.Namespace) -> int:
+    """One experiment as a verified .tar.gz, to carry between machines."""
+    from tunebook.results import archive
+
+    try:
+        out = archive.pack(args.experiment_dir, args.out, args.outputs)
+    except archive.ArchiveError as e:
+        print(f"tunebook: {e}", file=sys.stderr)
+        return EXIT_BAD_PARAMS
+    with archive.verified(out) as pack:  # read back: what was written is what will unpack
+        files = pack.manifest.files
+        print(f"packed {pack.manifest.experiment}: {len(files)} files, "
+              f"{sum(e.size_bytes for e in files) / 1e6:.1f} MB "
+              f"({out.stat().st_size / 1e6:.1f} MB packed) -> {out}")
+    return EXIT_OK
+
+
+def cmd_unpack(args: argparse.Namespace) -> int:
+    """Check a pack in full, then add its files to an outputs folder (local files kept)."""
+    from tunebook.results import archive
+
+    try:
+        done = archive.unpack(args.archive, args.outputs or config.outputs_dir())
+    except archive.ArchiveError as e:
+        print(f"tunebook: {e}", file=sys.stderr)
+        return EXIT_BAD_PARAMS
+    print(done.summary())
+    return EXIT_OK
+
+
 def cmd_engines(args: argparse.Namespace) -> int:
     from tunebook.servers import process
 
@@ -389,6 +419,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", type=Path, default=None, help="default: EXPERIMENT_DIR/charts")
     sp.add_argument("--format", action="append", default=None, choices=["png", "svg", "pdf"])
     sp.set_defaults(fn=cmd_export)
+    sp = sub.add_parser("pack", help="an experiment as one .tar.gz with a manifest (each "
+                                     "file's size and SHA-256), to carry to another machine")
+    sp.add_argument("experiment_dir", type=Path, help="e.g. outputs/h200/ch04")
+    sp.add_argument("--out", type=Path, default=None,
+                    help="the file to write (default: <machine>-<experiment>__<utc>.tar.gz here)")
+    sp.add_argument("--outputs", type=Path, default=None,
+                    help="the outputs root the experiment's name is relative to (default: "
+                         "$TUNEBOOK_OUTPUTS or outputs/)")
+    sp.set_defaults(fn=cmd_pack)
+    sp = sub.add_parser("unpack", help="check a pack in full, then add its files to an outputs "
+                                       "folder: files already there are kept, never replaced")
+    sp.add_argument("archive", type=Path, help="a file `tunebook pack` wrote")
+    sp.add_argument("--outputs", type=Path, default=None,
+                    help="the outputs root (default: $TUNEBOOK_OUTPUTS or outputs/)")
+    sp.set_defaults(fn=cmd_unpack)
     sp = sub.add_parser("engines", help="list engines tunebook left running; --reap kills "
                                         "those whose owner is gone")
     sp.add_argument("--reap", action="store_true")

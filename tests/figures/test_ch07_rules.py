@@ -364,8 +364,8 @@ def test_ch07_notebook_on_stored_rows(replots: dict[str, Replot]) -> None:
     assert sorted((r.exp / "engines").iterdir()) == r.engine_logs_before, out  # none started
     assert rc == 1, out  # the induced hang is a run that did not finish
     nb = report.latest_notebook(r.exp)
-    assert nb.name.startswith("07_troubleshooting__") and nb.with_suffix(".html").is_file()
+    assert nb.name.startswith("07_troubleshooting__")
     c = {x["figure"]: x for x in claims.evaluate([r.exp]).to_dict("records")}
     assert c["7.1"]["verdict"] == HOLDS, c["7.1"]
-    assert 'href="../ch02/report.html"' in nb.with_suffix(".html").read_text()
+    assert 'href="../ch02/report.html"' in (r.exp / "report.html").read_text()
     assert "Where each symptom occurred" in nb.read_text()  # the chart's Vega-Lite spec

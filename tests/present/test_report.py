@@ -41,7 +41,7 @@ def replotted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_replotted_report_shows_no_machine_path(replotted: Path) -> None:
     exp = replotted / "ch01"
     ipynb = report.latest_notebook(exp)
-    for page in (exp / "report.html", ipynb.with_suffix(".html"), ipynb):
+    for page in (exp / "report.html", ipynb):
         text = page.read_text()
         for p in _machine_paths(replotted.parent):
             assert p not in text, f"{page.name} shows {p}"
@@ -57,6 +57,63 @@ def test_replotted_report_shows_no_machine_path(replotted: Path) -> None:
     # the header names the results folder without a machine's layout (its last parts)
     assert re.search(r"Results: <code>[\w.-]+(/[\w.-]+)*/cpu/ch01</code>|Results: <code>cpu/ch01"
                      r"</code>", (exp / "report.html").read_text())
+
+
+def test_a_replot_keeps_one_notebook_and_no_html_copy(replotted: Path) -> None:
+    """The replot is `<nb>__<utc>.replot.ipynb`, with no HTML beside it (report.html is the one
+    HTML); the sweep's notebooks stay, and so do an old experiment's HTML copies."""
+    committed = REPO / "outputs" / "cpu" / "ch01" / "notebooks"
+    notebooks = replotted / "ch01" / "notebooks"
+    new = sorted(set(p.name for p in notebooks.iterdir()) - {p.name for p in committed.iterdir()})
+    assert len(new) == 1 and new[0].startswith("01_engine__") and new[0].endswith(
+        ".replot.ipynb"), new
+    assert report.latest_notebook(replotted / "ch01").name == new[0]
+    assert {p.name for p in committed.iterdir()} <= {p.name for p in notebooks.iterdir()}
+
+
+def test_a_replot_replaces_the_previous_replot(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """papermill stands in (the stored notebook copied as the new one): each replot replaces
+    the one before only once it has run; a replot that stopped leaves the last good one."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    exp = tmp_path / "h200" / "ch01"
+    shutil.copytree(REPO / "outputs" / "h200" / "ch01", exp)
+    notebooks = exp / "notebooks"
+    before = sorted(p.name for p in notebooks.iterdir())
+    stored = report.latest_notebook(exp)
+    stops = False
+
+    def execute_notebook(src: str, out: str, **_: object) -> None:
+        shutil.copy(stored, out)
+        if stops:
+            raise PapermillExecutionError(3, 3, "wb.figures()", "ValueError", "no", [])
+
+    monkeypatch.setattr(papermill, "execute_notebook", execute_notebook)
+    monkeypatch.setattr(report, "to_html", lambda ipynb, **_: report.report_path(exp))
+
+    def replot() -> int:
+        return main(["run", str(REPO / "params" / "ch01-h200.yaml"), "--outputs",
+                     str(tmp_path / "h200"), "--replot", "-q"])
+
+    def replots() -> list[str]:
+        return sorted(p.name for p in notebooks.glob("*.replot.ipynb"))
+
+    assert replot() == EXIT_OK
+    first = replots()
+    assert len(first) == 1 and sorted(p.name for p in notebooks.iterdir()) == sorted(
+        before + first)
+    assert replot() == EXIT_OK
+    second = replots()
+    assert len(second) == 1 and second != first
+    stops = True
+    assert replot() != EXIT_OK
+    assert replots()[0] == second[0] and len(replots()) == 2  # the good one stays
+    stops = False
+    assert replot() == EXIT_OK
+    assert len(replots()) == 1 and replots()[0] > second[0]
+    assert sorted(p.name for p in notebooks.iterdir()) == sorted(before + replots())
 
 
 def test_kernel_path_is_relative_inside_the_project(tmp_path: Path) -> None:
@@ -77,7 +134,7 @@ def test_report_files_are_readable_by_others(replotted: Path) -> None:
     """What the replot wrote (the copied files keep their modes): the mode open() gives."""
     exp = replotted / "ch01"
     ipynb = report.latest_notebook(exp)
-    for p in (exp / "report.html", ipynb.with_suffix(".html"), ipynb, replotted / "index.html"):
+    for p in (exp / "report.html", ipynb, replotted / "index.html"):
         assert stat.S_IMODE(p.stat().st_mode) == shared_mode(), p
 
 
@@ -196,7 +253,7 @@ def test_run_passes_no_input_through(tmp_path: Path, monkeypatch: pytest.MonkeyP
     root = tmp_path / "h200"
     shutil.copytree(REPO / "outputs" / "h200" / "ch01", root / "ch01")
     seen: dict[str, object] = {}
-    monkeypatch.setattr(report, "execute", lambda nb, exp, params, progress: (
+    monkeypatch.setattr(report, "execute", lambda nb, exp, params, progress, replot: (
         report.latest_notebook(exp)))  # the stored notebook stands in for a fresh one
     monkeypatch.setattr(report, "to_html", lambda ipynb, **kw: seen.update(kw) or ipynb)
     for flags, hidden in (([], False), (["--no-input"], True)):

@@ -1,7 +1,11 @@
-"""Rendering: papermill executes a notebook into the experiment folder, nbconvert turns it into
-a self-contained HTML file (charts are inline SVG: no CDN, no network), and the Altair
-renderer used inside notebooks emits both the interactive Vega-Lite bundle (JupyterLab) and
-a static SVG (for the shared HTML).
+"""Rendering: papermill executes a notebook into the experiment folder's notebooks/, nbconvert
+turns it into the experiment's one self-contained HTML report, report.html (charts are inline
+SVG: no CDN, no network), and the Altair renderer used inside notebooks emits both the
+interactive Vega-Lite bundle (JupyterLab) and a static SVG (for the shared HTML).
+
+Kept per experiment: each sweep's executed notebook (`notebooks/<name>__<utc>.ipynb`), the
+latest replot's (`<name>__<utc>.replot.ipynb`; a replot replaces the one before), and
+report.html, rendered from the notebook just executed (`tunebook render`: the newest one).
 
 What is shared shows no machine's layout: papermill injects project paths relative to
 notebooks/ (the kernel's cwd), and `tidy` writes every other absolute path of the project, the
@@ -12,6 +16,7 @@ keeps its periodic text bars, since only what is saved is condensed."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -23,6 +28,8 @@ from tunebook.core import config
 from tunebook.results.store import replace_atomic, stamp
 
 _SECRET_RE = re.compile(r"(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9]{20,})")
+REPORT = "report.html"
+REPLOT = ".replot"  # before .ipynb in a replot's name
 
 
 VEGALITE_MIME = "application/vnd.vegalite.v5+json"
@@ -78,12 +85,16 @@ def kernel_path(path: str | Path) -> str:
 
 
 def execute(notebook: str, exp_dir: Path, parameters: dict[str, Any],
-            progress: bool = True) -> Path:
+            progress: bool = True, replot: bool = False) -> Path:
     """Run a notebook with papermill into `exp_dir/notebooks/<name>__<stamp>.ipynb`, then
-    tidy the saved copy (relative paths, one line per progress bar) — also when it failed."""
+    tidy the saved copy (relative paths, one line per progress bar) — also when it failed.
+
+    A replot (the notebook on stored rows only) is saved as `<name>__<stamp>.replot.ipynb`
+    and, once it has run, replaces the previous replots: each sweep's notebook is kept, of
+    the replots only the latest (redrawing measures nothing worth keeping twice)."""
     import papermill as pm
 
-    out = exp_dir / "notebooks" / f"{notebook}__{stamp()}.ipynb"
+    out = exp_dir / "notebooks" / f"{notebook}__{stamp()}{REPLOT if replot else ''}.ipynb"
     out.parent.mkdir(parents=True, exist_ok=True)
     # Only what the notebook declares: papermill would inject the rest with a warning.
     declared = pm.inspect_notebook(str(notebook_path(notebook)))
@@ -107,6 +118,10 @@ def execute(notebook: str, exp_dir: Path, parameters: dict[str, Any],
                 tidy_file(out)
             except Exception as e:  # noqa: BLE001 - never hide why the notebook stopped
                 print(f"tunebook: {out.name} left as papermill saved it ({e})", file=sys.stderr)
+    if replot:  # only now: a replot that stopped leaves the last good one in place
+        for old in out.parent.glob(f"{glob.escape(notebook)}__*{REPLOT}.ipynb"):
+            if old != out:
+                old.unlink(missing_ok=True)
     return out
 
 
@@ -120,8 +135,9 @@ def tidy_file(ipynb: Path) -> Path:
 
 
 def to_html(ipynb: Path, html: Path | None = None, *, no_input: bool = False) -> Path:
-    """A self-contained HTML file beside the executed notebook (and `report.html`, latest).
-    ``no_input``: code cells hidden, for readers who want the figures and verdicts only."""
+    """The experiment's one self-contained HTML report, `report.html`, rendered from an
+    executed notebook under its `notebooks/` (or written to ``html``). ``no_input``: code
+    cells hidden, for readers who want the figures and verdicts only."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -139,10 +155,15 @@ def to_html(ipynb: Path, html: Path | None = None, *, no_input: bool = False) ->
                             exclude_input_prompt=no_input, exclude_output_prompt=no_input)
     body, _ = exporter.from_notebook_node(nb)
     body = _SECRET_RE.sub("***", scrub_paths(_offline(body), mapping))
-    html = html or ipynb.with_suffix(".html")
+    html = html or report_path(ipynb.parent.parent)
     replace_atomic(html, body.encode())
-    replace_atomic(ipynb.parent.parent / "report.html", body.encode())
     return html
+
+
+def report_path(exp_dir: Path) -> Path:
+    """The experiment's report. Notebooks are kept as .ipynb only (experiments rendered before
+    this layout also hold an .html copy beside each; nothing reads those)."""
+    return Path(exp_dir) / REPORT
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,7 +389,10 @@ def export_charts(ipynb: Path, out_dir: Path, formats: list[str] | None = None) 
 
 
 def latest_notebook(exp_dir: Path) -> Path:
-    found = sorted((Path(exp_dir) / "notebooks").glob("*.ipynb"))
+    """The newest executed notebook of an experiment, a sweep's or a replot's, by the UTC stamp
+    in its name (`<name>__<stamp>[.replot].ipynb`)."""
+    found = sorted((Path(exp_dir) / "notebooks").glob("*.ipynb"),
+                   key=lambda p: (p.name.rpartition("__")[2], p.name))
     if not found:
         raise FileNotFoundError(f"no executed notebook under {exp_dir}/notebooks")
     return found[-1]
