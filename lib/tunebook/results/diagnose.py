@@ -50,6 +50,7 @@ class Stored:
     _logs: dict[Path, str] = field(default_factory=dict, repr=False)
     _records: dict[str, dict[tuple[str, str], dict[str, Any]]] = field(default_factory=dict,
                                                                        repr=False)
+    _curves: list[Curve] | None = field(default=None, repr=False)
 
     @classmethod
     def load(cls, root: str | Path) -> Stored:
@@ -321,25 +322,38 @@ class Curve:
 _SHAPE = ("part", "engine_config_id", "dataset", "input_len", "output_len", "prefix_len")
 
 
-def curves(stored: Stored) -> Iterator[Curve]:
-    """Concurrency curves: two or more users values of one engine config and load shape."""
+_CURVE_COLS = ("median_ttft_ms", "output_tok_s", "median_tpot_ms", "max_waiting_requests")
+
+
+def curves(stored: Stored) -> list[Curve]:
+    """Concurrency curves: two or more users values of one engine config and load shape.
+    Computed once per Stored (two rules read them)."""
+    if stored._curves is None:
+        stored._curves = list(_curves(stored))
+    return stored._curves
+
+
+def _curves(stored: Stored) -> Iterator[Curve]:
     for ev, ok in stored.rows(ok_only=True):
         ok = ok[_all_at_once(ok) & ok["max_concurrency"].notna()]
         if ok.empty:
             continue
         keys = ok[list(_SHAPE)].astype("string").fillna("")
+        # grouped on the few columns a curve needs: taking every row's ~200 columns per group
+        # was most of a machine's diagnosis; a curve's cited rows are taken whole at the end
+        narrow = ok[["max_concurrency", "repeat", "engine_label", *_CURVE_COLS]]
         for _, idx in keys.groupby(list(_SHAPE), dropna=False).groups.items():
-            g = ok.loc[idx]
+            g = narrow.loc[idx]
             if g["max_concurrency"].nunique() < 2:
                 continue
-            cols = ["median_ttft_ms", "output_tok_s", "median_tpot_ms", "max_waiting_requests"]
-            num = g[["max_concurrency", *cols]].apply(pd.to_numeric, errors="coerce")
+            num = g[["max_concurrency", *_CURVE_COLS]].apply(pd.to_numeric, errors="coerce")
             pts = (num.groupby("max_concurrency").agg(
-                {c: ("max" if c == "max_waiting_requests" else "mean") for c in cols})
+                {c: ("max" if c == "max_waiting_requests" else "mean") for c in _CURVE_COLS})
                 .reset_index().rename(columns={"max_concurrency": "users"})
                 .sort_values("users").reset_index(drop=True))
-            first = g.sort_values("repeat").drop_duplicates("max_concurrency").set_index(
-                "max_concurrency").loc[pts["users"]].reset_index()
+            at = g.sort_values("repeat").drop_duplicates("max_concurrency")
+            labels = pd.Series(at.index, index=at["max_concurrency"]).loc[pts["users"]]
+            first = ok.loc[labels.to_numpy()].reset_index(drop=True)
             yield Curve(ev, str(g["engine_label"].iloc[0]), pts, first)
 
 
