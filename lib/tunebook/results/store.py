@@ -3,7 +3,8 @@
 Layout of `outputs/<experiment>/`::
 
     runs/<run_id>__<utc stamp>.json   one attempt of one run; written once, never overwritten
-    engines/<engine_config_id>__<utc stamp>.log   the whole engine log of each start
+    engines/<engine_config_id>__<utc stamp>.log   the whole engine log of each start (or
+                                     .log.gz: tunebook.core.files reads either)
     results.parquet                  rebuilt from runs/ (derived: safe to delete)
     params.yaml, plan.json           what was asked for
 """
@@ -14,7 +15,6 @@ import glob
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +23,9 @@ from typing import Any
 import pandas as pd
 
 from tunebook.core import schema
+from tunebook.core.files import replace_atomic as replace_atomic  # re-exported: long imported
+from tunebook.core.files import shared_mode as shared_mode  # from here
+from tunebook.core.files import write_new as write_new
 
 RUNS = "runs"
 ENGINES = "engines"
@@ -46,61 +49,6 @@ def _json_default(x: Any) -> Any:
     if isinstance(x, Path):
         return str(x)
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
-
-
-def write_new(path: Path, data: bytes) -> Path:
-    """Write `data` to `path` atomically; refuse to replace an existing file.
-
-    Written to a temp file in the same folder, fsynced, then hard-linked into place:
-    a crash leaves either no file or a complete one, and `link` fails if `path` exists.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), shared_mode())  # readable like any file, not mkstemp's 0600
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.link(tmp, path)
-    finally:
-        os.unlink(tmp)
-    return path
-
-
-def shared_mode() -> int:
-    """The mode `open()` would give a new file (0o666 less the umask, 0644 usually).
-
-    mkstemp makes its files 0600; renamed into place they would hide reports and results from
-    a web server or a colleague. The umask is read from /proc (setting it to read it back
-    would race with other threads' files); elsewhere it is set to 022 for an instant."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return 0o666 & ~int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def replace_atomic(path: Path, data: bytes) -> Path:
-    """For derived files (the Parquet table, indexes, reports): write then rename over.
-    The file gets the mode `open()` would give it (see `shared_mode`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), shared_mode())
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)  # a full disk leaves no stray temp file behind
-        raise
-    return path
 
 
 class Store:
