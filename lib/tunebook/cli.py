@@ -312,7 +312,8 @@ def cmd_engines(args: argparse.Namespace) -> int:
             return EXIT_BAD_PARAMS
         for root in args.phases:
             for exp in find_experiments(root) or [root]:
-                frame = start_phases.phases_frame(list(Store(exp).records()), exp)
+                frame = start_phases.phases_frame(list(Store(exp).records(requests=False)),
+                                                  exp)
                 print(f"== {exp}: where each engine start's time went (seconds, ± 1)")
                 print(start_phases.table_text(frame))
         return EXIT_OK
