@@ -1,7 +1,7 @@
 """Compact run records (tunebook.results.compact) and gzipped engine logs (tunebook.core.files),
 on copies of committed experiments: the same record from either form, the Parquet file written
-first and checked by its SHA-256, inline where compact gains nothing, logs read the same
-gzipped, byte spans included. No engine starts."""
+first and checked by its SHA-256, inline where compact gains nothing, `tunebook compact`
+lossless and idempotent, logs read the same gzipped, byte spans included. No engine starts."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tunebook.cli import EXIT_LOCKED, EXIT_OK, main
 from tunebook.core import files, schema
+from tunebook.measure.locks import experiment_lock
 from tunebook.results import compact
 from tunebook.results.store import Store
 
@@ -142,6 +144,32 @@ def test_a_version_1_record_reads_migrated_and_compact_needs_version_2(
     monkeypatch.setattr(schema, "SCHEMA_VERSION", 1)
     with pytest.raises(schema.SchemaVersionError, match="result schema 2"):
         Store(tmp_path / "new").rows()
+
+
+def test_the_compact_command_is_lossless_and_idempotent(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    exp = _copy(NOISE, tmp_path / "outputs")
+    store = Store(exp)
+    before = list(store.records())
+    logs = {p.name: p.read_bytes() for p in (exp / "engines").iterdir()}
+    table = store.table()
+    assert main(["compact", str(tmp_path / "outputs")]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert f"{exp}: 10 run records compacted" in out and "2 engine logs gzipped" in out
+    assert len(list(store.runs_dir.glob("*.requests.parquet"))) == 10
+    assert compact.same(list(store.records()), before)
+    assert sorted(p.name for p in (exp / "engines").iterdir()) == sorted(
+        files.gz_path(n).name for n in logs)
+    for name, data in logs.items():
+        assert files.read_stored(exp / "engines" / name) == data
+    assert store.table().equals(table) and (exp / "results.parquet").is_file()
+    after = _snapshot(exp)
+    assert main(["compact", str(exp)]) == EXIT_OK
+    assert "nothing left to convert (10 records compact" in capsys.readouterr().out
+    assert _snapshot(exp) == after
+    with experiment_lock(exp):  # a sweep holds it: left alone
+        assert main(["compact", str(exp)]) == EXIT_LOCKED
+    assert "left as it was" in capsys.readouterr().err
 
 
 def test_gzipped_logs_read_as_plain_ones(tmp_path: Path) -> None:
