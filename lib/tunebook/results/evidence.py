@@ -19,7 +19,7 @@ import yaml
 
 from tunebook.core import schema
 from tunebook.results.stats import Interval, within_noise
-from tunebook.results.store import Store, find_experiments, ok_rows
+from tunebook.results.store import Store, find_experiments, ok_rows, rows_to_frame
 
 HOLDS = "holds"
 DIFFERS = "differs"
@@ -179,7 +179,9 @@ def load_evidence(root: str | Path, requests: bool = False) -> Evidence:
     params = yaml.safe_load(inputs[-1].read_text()) if inputs else {}
     facts = sorted((store.root / "inputs").glob("machine__*.json"))
     machine = json.loads(facts[-1].read_text()) if facts else {}
-    return Evidence(store.root, store.table(), list(store.records(requests)), params or {},
+    records = list(store.records(requests))
+    table = rows_to_frame([r["row"] for r in records if isinstance(r, dict) and "row" in r])
+    return Evidence(store.root, table, records, params or {},  # Store.table(), files read once
                     machine if isinstance(machine, dict) else {})
 
 
