@@ -155,7 +155,7 @@ def test_the_compact_command_is_lossless_and_idempotent(
     table = store.table()
     assert main(["compact", str(tmp_path / "outputs")]) == EXIT_OK
     out = capsys.readouterr().out
-    assert f"{exp}: 10 run records compacted" in out and "2 engine logs gzipped" in out
+    assert f"{exp}: records compacted: 10 (" in out and "engine logs gzipped: 2 (" in out
     assert len(list(store.runs_dir.glob("*.requests.parquet"))) == 10
     assert compact.same(list(store.records()), before)
     assert sorted(p.name for p in (exp / "engines").iterdir()) == sorted(
@@ -165,7 +165,8 @@ def test_the_compact_command_is_lossless_and_idempotent(
     assert store.table().equals(table) and (exp / "results.parquet").is_file()
     after = _snapshot(exp)
     assert main(["compact", str(exp)]) == EXIT_OK
-    assert "nothing left to convert (10 records compact" in capsys.readouterr().out
+    assert "nothing left to convert (records compact: 10, inline: 0; logs gzipped: 2)" in \
+        capsys.readouterr().out
     assert _snapshot(exp) == after
     with experiment_lock(exp):  # a sweep holds it: left alone
         assert main(["compact", str(exp)]) == EXIT_LOCKED
@@ -203,3 +204,15 @@ def test_gzipped_logs_read_as_plain_ones(tmp_path: Path) -> None:
         assert files.read_stored(stored, start, end) == text[start:end]
     with pytest.raises(FileNotFoundError):
         files.read_stored(exp / "engines" / "nope.log")
+
+
+def test_the_logs_of_a_running_engine_stay_plain(tmp_path: Path) -> None:
+    """An engine kept up after its sweep (the tuning panel's) still appends to its log and its
+    block recording: both are left plain, its runs' records converted all the same."""
+    exp = _copy(CH08, tmp_path)
+    log = next((exp / "engines").glob("*.log"))
+    done = compact.convert_experiment(exp, live_logs=[log])
+    assert done.records == 1 and done.logs == 0 and len(done.live) == 2
+    assert sorted(p.name for p in (exp / "engines").iterdir()) == sorted(
+        p.name for p in (CH08 / "engines").iterdir())
+    assert "logs of running engines left plain: 2" in done.text()

@@ -283,17 +283,17 @@ class Converted:
         return bool(self.records or self.logs)
 
     def text(self) -> str:
+        live = f"; logs of running engines left plain: {len(self.live)}" if self.live else ""
         if not self.changed and not self.problems:
-            return (f"{self.root}: nothing left to convert ({self.compact_already} records "
-                    f"compact, {self.inline} inline, {self.gzipped_already} logs gzipped)")
-        parts = [f"{self.records} run records compacted, {_mb(self.records_before_bytes)} → "
-                 f"{_mb(self.records_after_bytes)} (JSON + Parquet)",
-                 f"{self.inline} kept inline, {self.compact_already} compact already",
-                 f"{self.logs} engine logs gzipped, {_mb(self.logs_before_bytes)} → "
-                 f"{_mb(self.logs_after_bytes)}"]
-        if self.live:
-            parts.append(f"{len(self.live)} logs of running engines left plain")
-        lines = [f"{self.root}: " + "; ".join(parts)]
+            return (f"{self.root}: nothing left to convert (records compact: "
+                    f"{self.compact_already}, inline: {self.inline}; logs gzipped: "
+                    f"{self.gzipped_already}{live})")
+        parts = [f"records compacted: {self.records} ({_mb(self.records_before_bytes)} → "
+                 f"{_mb(self.records_after_bytes)}, JSON + Parquet)",
+                 f"kept inline: {self.inline}", f"compact already: {self.compact_already}",
+                 f"engine logs gzipped: {self.logs} ({_mb(self.logs_before_bytes)} → "
+                 f"{_mb(self.logs_after_bytes)})"]
+        lines = [f"{self.root}: " + "; ".join(parts) + live]
         lines += [f"  left as it was: {p}" for p in self.problems]
         return "\n".join(lines)
 
