@@ -32,6 +32,7 @@ from tunebook.core import config, hardware
 from tunebook.inputs import params as P
 from tunebook.inputs import slo
 from tunebook.measure.locks import Terminated, sigterm_as_exception
+from tunebook.results.compact import REQUESTS_SUFFIX
 from tunebook.results.store import Store, stamp, write_new
 from tunebook.search import adaptive
 from tunebook.search import tune as slo_search
@@ -131,11 +132,13 @@ def reuse_grid(params: Any, spec: slo.SearchSpec, outputs: Path, earlier: list[P
     for src in earlier:
         for sub in ("runs", "engines"):
             dest = Path(outputs) / grid.experiment / sub
-            for f in sorted((src / sub).glob("*")):
+            # a run's Parquet file of arrays before the JSON that names it, as the store does
+            for f in sorted((src / sub).glob("*"), key=lambda f: (not f.name.endswith(
+                    REQUESTS_SUFFIX), f.name)):
                 if f.name.split("-")[0].split("__")[0] in ids and not (dest / f.name).exists():
                     dest.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(f, dest / f.name)
-                    copied += sub == "runs"
+                    copied += sub == "runs" and f.suffix == ".json"  # runs, not files
     return copied
 
 

@@ -342,7 +342,8 @@ def cmd_engines(args: argparse.Namespace) -> int:
             return EXIT_BAD_PARAMS
         for root in args.phases:
             for exp in find_experiments(root) or [root]:
-                frame = start_phases.phases_frame(list(Store(exp).records()), exp)
+                frame = start_phases.phases_frame(list(Store(exp).records(requests=False)),
+                                                  exp)
                 print(f"== {exp}: where each engine start's time went (seconds, ± 1)")
                 print(start_phases.table_text(frame))
         return EXIT_OK
@@ -355,6 +356,42 @@ def cmd_engines(args: argparse.Namespace) -> int:
     if not live:
         print("no tunebook engine is running")
     return EXIT_OK
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    """Convert experiments written inline, in place (tunebook.results.compact): each under
+    its experiment lock, as a sweep takes it; the logs of engines still running left plain.
+    Exit 0 done (or nothing left to do), 1 some file left as it was, 3 an experiment locked."""
+    from tunebook.measure.locks import SweepLockedError, experiment_lock
+    from tunebook.results import compact
+    from tunebook.results.store import Store, find_experiments
+    from tunebook.servers import process
+
+    missing = [str(r) for r in args.folders if not Path(r).is_dir()]
+    if missing:
+        print(f"tunebook: no such folder: {', '.join(missing)}", file=sys.stderr)
+        return EXIT_BAD_PARAMS
+    experiments = [e for root in args.folders for e in find_experiments(root)]
+    if not experiments:
+        print(f"tunebook: no experiment folders (with runs/) under "
+              f"{', '.join(map(str, args.folders))}", file=sys.stderr)
+        return EXIT_BAD_PARAMS
+    live = [Path(str(e.get("log"))) for e in process.list_engines() if e.get("log")]
+    code = EXIT_OK
+    for exp in experiments:
+        try:
+            with experiment_lock(exp):
+                done = compact.convert_experiment(exp, live)
+                if done.records:
+                    Store(exp).rebuild_table()  # its rows now say schema 2
+        except SweepLockedError as e:
+            print(f"tunebook: {e}; left as it was", file=sys.stderr)
+            code = EXIT_LOCKED
+            continue
+        print(done.text())
+        if done.problems and code == EXIT_OK:
+            code = EXIT_FAILED_RUNS
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -441,6 +478,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="instead: the start-up phases of every engine start stored under "
                          "these folders (an experiment, or e.g. outputs/h200)")
     sp.set_defaults(fn=cmd_engines)
+    sp = sub.add_parser("compact", help="store experiments compact, in place: each run's "
+                                        "per-request arrays in a Parquet file beside its JSON, "
+                                        "engine logs gzipped (each proven equal first)")
+    sp.add_argument("folders", type=Path, nargs="+", metavar="FOLDER",
+                    help="an experiment, or a folder of them (e.g. outputs/h200)")
+    sp.set_defaults(fn=cmd_compact)
     return ap
 
 

@@ -30,6 +30,7 @@ from tunebook.inputs.plan import make_plan
 from tunebook.measure.sweep import Sweep, SweepOptions
 from tunebook.models.presets import resolve_model
 from tunebook.present import claims, report
+from tunebook.results.store import Store
 from tunebook.servers.startup import diagnose
 
 REPO = Path(__file__).resolve().parents[2]
@@ -321,8 +322,7 @@ def test_ch04_live(tmp_path: Path) -> None:
     assert spec.spec_drafts > 0 and 1 <= spec.spec_tokens_per_pass <= 4
     assert df[df.spec_drafts.isna()].spec_tokens_per_pass.isna().all()  # none, never 0
     texts = {}
-    for f in (exp / "runs").glob("*.json"):
-        rec = json.loads(f.read_text())
+    for rec in Store(exp).records():  # the arrays may be in a Parquet file beside the JSON
         texts[rec["row"]["engine_label"]] = rec["requests"]["generated_texts"]
     with_spec, without = (texts[k] for k in sorted(texts, key=lambda k: "ngram" not in k))
     assert with_spec == without  # greedy: speculation changes the speed, not the tokens

@@ -162,25 +162,27 @@ def test_the_index_lists_an_experiment_it_cannot_read(tmp_path: Path) -> None:
 
 
 def test_older_rows_are_migrated_on_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a (pretend) schema 2 that renamed a column, a stored schema-1 row is read as
-    schema 2; the file on disk is left as it was."""
+    """With a (pretend) next schema that renamed a column, a stored row of this code's schema
+    is read as the next one, and a row of schema 1 (or of no version) through every step; the
+    file on disk is left as it was."""
+    now = schema.SCHEMA_VERSION
     store = Store(tmp_path)
-    _save(store, "r1", schema_version=1, tok_s=7.0)
+    _save(store, "r1", schema_version=now, tok_s=7.0)
     (store.runs_dir / "r0__1.json").write_text(json.dumps(  # no version at all: version 1
         {"row": {"run_id": "r0", "status": "ok", "tok_s": 3.0}}))
     path = next(store.runs_dir.glob("r1__*.json"))
     before = path.read_bytes()
-    for row in store.rows():  # schema 1 = this code: read as is
-        assert row["schema_version"] == 1 and "tok_s" in row
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(schema.MIGRATIONS, 1,
+    for row in store.rows():  # this code's schema, or 1 migrated to it: read as is
+        assert row["schema_version"] == now and "tok_s" in row
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", now + 1)
+    monkeypatch.setitem(schema.MIGRATIONS, now,
                         lambda row: {**{k: v for k, v in row.items() if k != "tok_s"},
                                      "output_tok_s": row.get("tok_s")})
     rows = {r["run_id"]: r for r in store.rows()}
-    assert rows["r1"]["schema_version"] == 2 and rows["r1"]["output_tok_s"] == 7.0
+    assert rows["r1"]["schema_version"] == now + 1 and rows["r1"]["output_tok_s"] == 7.0
     assert rows["r0"]["output_tok_s"] == 3.0 and "tok_s" not in rows["r0"]
     assert path.read_bytes() == before
-    assert json.loads(before)["row"]["schema_version"] == 1
+    assert json.loads(before)["row"]["schema_version"] == now
 
 
 def test_a_fully_resumed_sweep_starts_nothing_and_calls_on_finish(

@@ -61,3 +61,34 @@ def test_executor_in_params() -> None:
         assert key in str(e.value)
     with pytest.raises(P.ParamsError, match="on Ray each engine config is its own task"):
         P.parse({**BASE, "executor": "ray", "start_together": 2})
+
+
+def test_a_runs_arrays_stream_back_before_its_json(tmp_path: Path) -> None:
+    """A task streams each run's Parquet file of arrays just before the JSON that names it,
+    once; the driver's sink stores both and counts the run once, and the record reads back
+    whole on the driver's side."""
+    from types import SimpleNamespace
+
+    from tunebook.measure.sweep import StoreSink
+    from tunebook.results.store import Store
+
+    node = Store(tmp_path / "node")
+    arrays = {"ttfts": [i / 100 for i in range(300)], "errors": [""] * 300}
+    node.save_run({"row": {"run_id": "r1", "status": "ok"}, "requests": arrays})
+    node.save_run({"row": {"run_id": "r2", "status": "failed"}})  # no arrays: its JSON alone
+    sent: set[str] = set()
+    items = list(R.new_run_files(node.runs_dir, sent))
+    assert [(kind, name.split("__")[0], name.rsplit(".", 1)[-1]) for kind, name, _ in items] \
+        == [("requests", "r1", "parquet"), ("run", "r1", "json"), ("run", "r2", "json")]
+    assert not list(R.new_run_files(node.runs_dir, sent))  # each file once
+    driver = Store(tmp_path / "driver")
+    result = SimpleNamespace(rows=[], ok=0, failed=0)
+    sink = StoreSink(driver, result, None, SimpleNamespace(stored_ok=[]))  # type: ignore[arg-type]
+    bar = SimpleNamespace(n=0, update=lambda k: setattr(bar, "n", bar.n + k))
+    cfg = SimpleNamespace(label="x")
+    for item in items:
+        R.RayExecutor._take("exp", cfg, item, sink, bar)
+    assert (result.ok, result.failed, bar.n) == (1, 1, 2)
+    assert sorted(p.name for p in driver.runs_dir.iterdir()) == sorted(
+        p.name for p in node.runs_dir.iterdir())
+    assert [r.get("requests") for r in driver.records()] == [arrays, None]

@@ -22,6 +22,7 @@ from tunebook.cli import main as cli
 from tunebook.inputs import params as P
 from tunebook.measure.sweep import Sweep, SweepOptions
 from tunebook.present import report
+from tunebook.results.store import Store
 from tunebook.servers.base import port_is_free
 from tunebook.servers.start_phases import PHASES
 
@@ -51,7 +52,8 @@ def _files_containing(root: Path, needle: str) -> list[Path]:
 
 
 def _records(exp: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((exp / "runs").glob("*.json"))]
+    """As the store reads them: the per-request arrays may be in a Parquet file beside."""
+    return list(Store(exp).records())
 
 
 def test_rows_land_in_parquet(quickstart: Path) -> None:

@@ -283,16 +283,22 @@ def test_files_a_process_polls_for_appear_whole(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """hello.json and owner.json are polled for by name: they appear by a rename, whole (one
     written in place was read empty by a second launcher's owner: a JSONDecodeError)."""
-    target = tmp_path / "hello.json"
-    seen: list[bool] = []
+    from tunebook.core import files
+
+    seen: list[tuple[str, bool, str]] = []
     real = os.replace
 
     def replace(src: str | Path, dst: str | Path) -> None:
-        seen.append(Path(dst).exists())  # nothing under the polled name before the rename
-        assert json.loads(Path(src).read_text()) == {"pid": 1}
+        # nothing under the polled name before the rename, and the whole file renamed
+        seen.append((Path(dst).name, Path(dst).exists(), Path(src).read_text()))
         real(src, dst)
 
-    monkeypatch.setattr(L.os, "replace", replace)
-    L._publish(target, {"pid": 1})
-    assert seen == [False] and json.loads(target.read_text()) == {"pid": 1}
-    assert [p.name for p in tmp_path.iterdir()] == ["hello.json"]  # no temp file left
+    monkeypatch.setattr(files.os, "replace", replace)
+    x = L.Launcher(sys.executable, "launchee", tmp_path / "l")
+    monkeypatch.setattr(L.subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(
+        OSError("not started: only owner.json is looked at")))
+    with pytest.raises(OSError, match="not started"):
+        x.ensure(dict(os.environ))
+    assert [(n, e) for n, e, _ in seen] == [("owner.json", False)]
+    assert json.loads(seen[0][2])["python"] == sys.executable
+    assert not [p for p in (tmp_path / "l").iterdir() if p.name.endswith(".tmp")]  # none left

@@ -1,12 +1,14 @@
 """The result row, declared once.
 
 Every finished (or failed) run is one JSON file holding one row (plus per-request
-arrays that stay out of the table). The Parquet table is rebuilt from those files.
-Bump SCHEMA_VERSION whenever a column changes meaning or is removed; adding a column
-keeps the version (readers must tolerate new columns).
+arrays that stay out of the table: in the JSON, or in a Parquet file it names). The Parquet
+table is rebuilt from those files. Bump SCHEMA_VERSION whenever a column changes meaning or is
+removed, or a record changes so that an older reader would misread it; adding a column keeps
+the version (readers must tolerate new columns).
 
 Rows are checked when they are read (`upgrade`, called by tunebook.results.store):
-- an older row is read through MIGRATIONS, one step per version (the file is never rewritten);
+- an older row is read through MIGRATIONS, one step per version (the file is never rewritten
+  by a read; `tunebook compact` rewrites records, proven equal, on request);
 - a row written by a newer schema than this code knows is an error (SchemaVersionError),
   not skipped: a bump means a column changed meaning, so reading it here would give wrong
   numbers, and skipping it would silently change tables, verdicts and what resume calls done.
@@ -18,13 +20,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # Rows carry schema_version from the first version on; a row without one is version 1.
 FIRST_VERSION = 1
+# Version 2 changed the record, not the row: its per-request arrays may live in a Parquet file
+# beside the JSON (tunebook.results.compact). A tunebook that reads only version 1 would read
+# such a record without its arrays; the bump makes it refuse the record instead.
+COMPACT_SINCE = 2
 
 # MIGRATIONS[v] turns a row of version v into one of version v + 1 (add one with each bump,
 # with a test that reads a stored row of the old version).
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    1: dict,  # rows are the same; only where the arrays may be stored changed
+}
 
 
 class SchemaVersionError(ValueError):

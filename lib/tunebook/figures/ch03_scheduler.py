@@ -307,7 +307,7 @@ def _itl_tail(ev: Evidence, budget: int, rate: float) -> tuple[float, float] | N
         row = rec.get("row", {})
         if (row.get("status") == "ok" and row.get("max_num_batched_tokens") == budget
                 and row.get("request_rate") == rate):
-            gaps += [g * 1000 for itl in rec.get("requests", {}).get("itls", []) for g in itl]
+            gaps += [g * 1000 for itl in ev.requests(rec).get("itls") or [] for g in itl or []]
     if not gaps:
         return None
     gaps.sort()

@@ -13,6 +13,7 @@ import altair as alt
 import pandas as pd
 
 from tunebook.charts import plots as charts
+from tunebook.core.files import read_stored_text
 from tunebook.core.manual import result, setting
 from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
 from tunebook.results.evidence import (
@@ -142,7 +143,7 @@ def spec_side_effects(ev: Evidence, method: str) -> list[str]:
         if not spec or spec.get("method") != method or not log:
             continue
         try:
-            text = (ev.root / log).read_text(errors="replace")
+            text = read_stored_text(ev.root / log)  # plain or .gz
         except OSError:
             continue
         found += [what for marker, what in _SPEC_SIDE_EFFECTS

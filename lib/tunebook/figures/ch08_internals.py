@@ -15,6 +15,7 @@ import altair as alt
 import pandas as pd
 
 from tunebook.charts import plots as charts
+from tunebook.core.files import open_stored, read_stored
 from tunebook.core.manual import result, setting
 from tunebook.figures.ch04_speculation import (
     COPY_DATASET,
@@ -89,10 +90,8 @@ def _span(ev: Evidence, rec: dict[str, Any], key: str, path: Path) -> str:
     if not span:
         return ""
     try:
-        with open(ev.root / path, "rb") as f:
-            f.seek(span[0])
-            return f.read(max(0, span[1] - span[0])).decode(errors="replace")
-    except OSError:
+        return read_stored(ev.root / path, span[0], span[1]).decode(errors="replace")
+    except OSError:  # plain or .gz: neither there
         return ""
 
 
@@ -141,9 +140,9 @@ def recorded(ev: Evidence) -> list[Recorded]:
         path = Path(rec["engine"]["log"]).with_suffix(".blocks.jsonl")
         text = _span(ev, rec, "blocks", path)
         try:
-            with open(ev.root / path) as f:
+            with open_stored(ev.root / path) as f:
                 pool = json.loads(f.readline())
-        except (OSError, ValueError):
+        except (OSError, EOFError, ValueError):
             continue
         r = Recorded(rec["row"]["run_id"], pool)
         finished: list[str] = []  # reported by empty steps: they belong to the next step

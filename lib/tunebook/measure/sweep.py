@@ -48,6 +48,7 @@ from tunebook.measure.supply import (
     TogetherSupply,
 )
 from tunebook.models.presets import resolve_model
+from tunebook.results.compact import REQUESTS_SUFFIX
 from tunebook.results.store import Store, replace_atomic, stamp, write_new
 from tunebook.servers import kinds as server_kinds
 
@@ -229,7 +230,8 @@ class StoreSink:
     def save_file(self, name: str, data: bytes) -> None:
         with contextlib.suppress(FileExistsError):
             write_new(self.store.runs_dir / name, data)
-        self._count(json.loads(data).get("row", {}))
+        if not name.endswith(REQUESTS_SUFFIX):  # a run's arrays come before its JSON
+            self._count(json.loads(data).get("row", {}))
 
     def save_log(self, name: str, data: bytes) -> None:
         path = self.store.root / "engines" / name

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunebook.core import config
+from tunebook.core.files import replace_atomic
 from tunebook.core.knobs import did_you_mean
 from tunebook.models import gguf as gguf_model
 
@@ -293,16 +294,9 @@ def _ensure_tokenizer_json(root: Path) -> Path:
     path = root / "_tokenizer" / f"qwen-{_tokenizer_digest()}.json"
     if path.is_file():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    os.close(fd)
-    try:
-        _build_tokenizer().save(tmp, pretty=False)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; engines may run as another user
-        os.replace(tmp, path)  # atomic: readers never see a partial file
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return path
+    # what Tokenizer.save writes, atomically (readers never see a partial file), 0644 whatever
+    # the umask: engines may run as another user
+    return replace_atomic(path, _build_tokenizer().to_str(pretty=False).encode(), mode=0o644)
 
 
 def _tokenizer_config() -> dict[str, Any]:

@@ -37,10 +37,8 @@ import functools
 import hashlib
 import io
 import json
-import os
 import platform
 import sysconfig
-import tempfile
 import textwrap
 import tokenize
 import weakref
@@ -50,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from tunebook.core import config
+from tunebook.core.files import replace_atomic
 
 GENERATOR = "tunebook.models.prompts/2"  # bump when the selection or the templates change
 KINDS = ("code_edit", "fresh_text")
@@ -316,15 +315,9 @@ def write_records(name: str, records: list[dict[str, Any]], root: Path | None = 
     path = folder / f"{name}-py{major}{minor}-{digest}.jsonl"  # vLLM reads only *.jsonl
     if path.is_file():
         return path
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)  # atomic: a reader never sees a partial file
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return path
+    # atomic: a reader never sees a partial file; 0644 whatever the umask: engines may run as
+    # another user
+    return replace_atomic(path, text.encode("utf-8"), mode=0o644)
 
 
 def dataset_file(name: str, tokenizer: Any, max_prompt_tokens: int, min_answer_tokens: int,

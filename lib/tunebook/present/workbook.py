@@ -88,7 +88,7 @@ class Workbook:
         from tunebook.servers.start_phases import phases_frame
 
         root = self.sweep.store.root
-        return phases_frame(list(self.sweep.store.records()), root)
+        return phases_frame(list(self.sweep.store.records(requests=False)), root)
 
     def show_start_phases(self) -> None:
         """The start-up chart (stacked phases per engine start) and its table (seconds), or a

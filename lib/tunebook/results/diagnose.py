@@ -32,6 +32,7 @@ from typing import Any
 import pandas as pd
 
 from tunebook.core import schema
+from tunebook.core.files import read_stored, read_stored_text
 from tunebook.results import stats
 from tunebook.results.evidence import Evidence, load_evidence, missing
 from tunebook.results.store import find_experiments
@@ -87,7 +88,7 @@ class Stored:
     def _read(self, path: Path) -> str:
         if path not in self._logs:
             try:
-                self._logs[path] = strip_ansi(path.read_text(errors="replace"))
+                self._logs[path] = strip_ansi(read_stored_text(path))  # plain or .gz
             except OSError:
                 self._logs[path] = ""
         return self._logs[path]
@@ -110,9 +111,7 @@ class Stored:
         if key == "blocks":
             path = path.with_suffix(".blocks.jsonl")  # the engine's block_table_path
         try:
-            with path.open("rb") as f:
-                f.seek(int(span[0]))
-                data = f.read(max(0, int(span[1]) - int(span[0])))
+            data = read_stored(path, int(span[0]), int(span[1]))
         except OSError:
             return ""
         return strip_ansi(data.decode(errors="replace"))
@@ -148,11 +147,11 @@ class Stored:
         if not (span and rel):
             return ""
         try:
-            with (self.get(experiment).root / rel).open("rb") as f:
-                f.seek(int(span[1]))
-                return strip_ansi(f.read(max_bytes).decode(errors="replace"))
+            data = read_stored(self.get(experiment).root / rel, int(span[1]),
+                               int(span[1]) + max_bytes)
         except OSError:
             return ""
+        return strip_ansi(data.decode(errors="replace"))
 
 
 def last_line(text: str, pattern: str, flags: int = 0) -> str | None:

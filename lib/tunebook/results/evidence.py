@@ -19,7 +19,7 @@ import yaml
 
 from tunebook.core import schema
 from tunebook.results.stats import Interval, within_noise
-from tunebook.results.store import Store, find_experiments, ok_rows
+from tunebook.results.store import Store, find_experiments, ok_rows, rows_to_frame
 
 HOLDS = "holds"
 DIFFERS = "differs"
@@ -59,7 +59,8 @@ class Evidence:
 
     root: Path
     df: pd.DataFrame  # latest attempt per run (Store.table())
-    records: list[dict[str, Any]]  # the run JSON files
+    records: list[dict[str, Any]]  # the run JSON files, without their per-request arrays
+    # (most figures never look at them): `requests(rec)` reads a run's
     params: dict[str, Any] = field(default_factory=dict)  # the last params the sweep ran
     # where the last sweep ran (inputs/machine__*.json: tunebook.core.hardware.machine() and the
     # GPU topology); what an experiment without rows (figures only) knows of its machine
@@ -155,18 +156,32 @@ class Evidence:
         bad = self.df[self.df["status"] == schema.STATUS_ENGINE_FAILED]
         return bad.drop_duplicates("engine_config_id")
 
+    def requests(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """A run's per-request arrays (vLLM's client's: ttfts, itls, …), read now from its
+        file(s); {} when it has none. One whose Parquet file cannot be read warns (its record
+        says why: tunebook.results.compact)."""
+        if isinstance(rec.get("requests"), dict):
+            return rec["requests"]
+        full = Store(self.root).record_of(rec.get("row") or {})
+        arrays = (full or {}).get("requests")
+        return arrays if isinstance(arrays, dict) else {}
+
     def knob(self, row: pd.Series, name: str, default: Any = None) -> Any:
         v = row.get(name, default)
         return default if missing(v) else v
 
 
-def load_evidence(root: str | Path) -> Evidence:
+def load_evidence(root: str | Path, requests: bool = False) -> Evidence:
+    """An experiment's rows, records and params; the records without their per-request
+    arrays unless `requests` (`Evidence.requests` reads a run's when a figure needs them)."""
     store = Store(Path(root))
     inputs = sorted((store.root / "inputs").glob("params__*.yaml"))
     params = yaml.safe_load(inputs[-1].read_text()) if inputs else {}
     facts = sorted((store.root / "inputs").glob("machine__*.json"))
     machine = json.loads(facts[-1].read_text()) if facts else {}
-    return Evidence(store.root, store.table(), list(store.records()), params or {},
+    records = list(store.records(requests))
+    table = rows_to_frame([r["row"] for r in records if isinstance(r, dict) and "row" in r])
+    return Evidence(store.root, table, records, params or {},  # Store.table(), files read once
                     machine if isinstance(machine, dict) else {})
 
 

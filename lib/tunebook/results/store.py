@@ -3,7 +3,10 @@
 Layout of `outputs/<experiment>/`::
 
     runs/<run_id>__<utc stamp>.json   one attempt of one run; written once, never overwritten
-    engines/<engine_config_id>__<utc stamp>.log   the whole engine log of each start
+    runs/<run_id>__<utc stamp>.requests.parquet   its per-request arrays, when stored compact
+                                     (tunebook.results.compact; written before the JSON)
+    engines/<engine_config_id>__<utc stamp>.log   the whole engine log of each start (or
+                                     .log.gz: tunebook.core.files reads either)
     results.parquet                  rebuilt from runs/ (derived: safe to delete)
     params.yaml, plan.json           what was asked for
 """
@@ -14,7 +17,6 @@ import glob
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +25,10 @@ from typing import Any
 import pandas as pd
 
 from tunebook.core import schema
+from tunebook.core.files import replace_atomic as replace_atomic  # re-exported: long imported
+from tunebook.core.files import shared_mode as shared_mode  # from here
+from tunebook.core.files import write_new as write_new
+from tunebook.results import compact
 
 RUNS = "runs"
 ENGINES = "engines"
@@ -36,71 +42,6 @@ def utc_now() -> str:
 def stamp() -> str:
     """A filename-safe UTC timestamp that sorts in time order."""
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-
-
-def _json_default(x: Any) -> Any:
-    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
-        return None
-    if hasattr(x, "item"):  # numpy scalars
-        return x.item()
-    if isinstance(x, Path):
-        return str(x)
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
-
-
-def write_new(path: Path, data: bytes) -> Path:
-    """Write `data` to `path` atomically; refuse to replace an existing file.
-
-    Written to a temp file in the same folder, fsynced, then hard-linked into place:
-    a crash leaves either no file or a complete one, and `link` fails if `path` exists.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), shared_mode())  # readable like any file, not mkstemp's 0600
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.link(tmp, path)
-    finally:
-        os.unlink(tmp)
-    return path
-
-
-def shared_mode() -> int:
-    """The mode `open()` would give a new file (0o666 less the umask, 0644 usually).
-
-    mkstemp makes its files 0600; renamed into place they would hide reports and results from
-    a web server or a colleague. The umask is read from /proc (setting it to read it back
-    would race with other threads' files); elsewhere it is set to 022 for an instant."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return 0o666 & ~int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def replace_atomic(path: Path, data: bytes) -> Path:
-    """For derived files (the Parquet table, indexes, reports): write then rename over.
-    The file gets the mode `open()` would give it (see `shared_mode`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), shared_mode())
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)  # a full disk leaves no stray temp file behind
-        raise
-    return path
 
 
 class Store:
@@ -129,30 +70,35 @@ class Store:
             probe.unlink(missing_ok=True)
 
     def save_run(self, record: dict[str, Any]) -> Path:
-        """Save one run attempt. `record` = {'row': {...}, 'requests': {...}, ...}."""
+        """Save one run attempt. `record` = {'row': {...}, 'requests': {...}, ...}. Its
+        per-request arrays go to a Parquet file beside the JSON where that is lossless and
+        smaller (tunebook.results.compact), written first: the JSON names it."""
         row = record["row"]
         assert row.get("run_id"), "a run record needs row.run_id"
         row.setdefault("schema_version", schema.SCHEMA_VERSION)
-        data = json.dumps(record, default=_json_default, allow_nan=False, indent=1).encode()
-        return write_new(self.runs_dir / f"{row['run_id']}__{stamp()}.json", data)
+        name = f"{row['run_id']}__{stamp()}.json"
+        enc = compact.encode(record, name)
+        if enc.requests is not None and enc.requests_name is not None:
+            write_new(self.runs_dir / enc.requests_name, enc.requests)
+        return write_new(self.runs_dir / name, enc.text)
 
-    def records(self) -> Iterable[dict[str, Any]]:
+    def records(self, requests: bool = True) -> Iterable[dict[str, Any]]:
         """Every attempt on disk, oldest first, its row read as this code's schema version
-        (older rows migrated; a newer one raises schema.SchemaVersionError). Unreadable files
+        (older rows migrated; a newer one raises schema.SchemaVersionError), its per-request
+        arrays under "requests" whether the JSON or a Parquet file holds them (one that cannot
+        be read: "requests_error" says why). `requests=False`: without the arrays, no Parquet
+        file read (rows, engines, logs: what tables and most figures need). Unreadable files
         are skipped, not fatal."""
         if not self.runs_dir.is_dir():
             return
         for p in sorted(self.runs_dir.glob("*.json")):
-            try:
-                record = json.loads(p.read_text())
-            except (OSError, ValueError):
-                continue  # a half-written file can only be a temp file; those are .tmp
-            if isinstance(record, dict) and isinstance(record.get("row"), dict):
-                record["row"] = schema.upgrade(record["row"], source=str(p))
-            yield record
+            record = compact.read_record(p, requests)
+            if record is not None:
+                yield record
 
     def rows(self) -> list[dict[str, Any]]:
-        return [r["row"] for r in self.records() if isinstance(r, dict) and "row" in r]
+        return [r["row"] for r in self.records(requests=False)
+                if isinstance(r, dict) and "row" in r]
 
     def latest_rows(self, run_ids: Iterable[str]) -> list[dict[str, Any]]:
         """The row `table()` keeps for each of these runs (latest_attempts), read from those
@@ -161,12 +107,9 @@ class Store:
         for rid in run_ids:
             rows = []
             for p in sorted(self.runs_dir.glob(f"{glob.escape(rid)}__*.json")):
-                try:
-                    record = json.loads(p.read_text())
-                except (OSError, ValueError):
-                    continue
+                record = compact.read_record(p, requests=False)
                 if isinstance(record, dict) and isinstance(record.get("row"), dict):
-                    rows.append(schema.upgrade(record["row"], source=str(p)))
+                    rows.append(record["row"])
             out += latest_attempts(rows)
         return out
 
@@ -175,12 +118,13 @@ class Store:
         from: the run's file whose row finished when this one did."""
         for p in sorted(self.runs_dir.glob(f"{glob.escape(str(row.get('run_id')))}__*.json")):
             try:
-                record = json.loads(p.read_text())
+                record = json.loads(p.read_bytes())
             except (OSError, ValueError):
                 continue
             if isinstance(record, dict) and isinstance(record.get("row"), dict) and \
-                    record["row"].get("finished_at") == row.get("finished_at"):
-                return record
+                    schema.upgrade(record["row"], source=str(p)).get("finished_at") == \
+                    row.get("finished_at"):
+                return compact.finish(record, p)
         return None
 
     def finished_run_ids(self) -> set[str]:

@@ -10,7 +10,6 @@ engine config; nothing in tunebook.measure asks which kind it holds.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 import urllib.error
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tunebook.core import config
+from tunebook.core.files import replace_atomic
 from tunebook.servers import launcher
 from tunebook.servers.start_phases import StartPhases
 from tunebook.servers.startup import Diagnosis, StartupFacts
@@ -212,12 +212,7 @@ def api_key() -> str:
         pass
     key = secrets.token_urlsafe(24)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{API_KEY_FILE}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(key)
-        os.replace(tmp, path)
+        replace_atomic(path, key.encode(), mode=0o600)
     except OSError:  # a read-only home: this process's engines share a key, nothing is kept
         pass
     return key

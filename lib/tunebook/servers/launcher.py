@@ -43,6 +43,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from tunebook.core.files import replace_atomic
+
 FAST_START_ENV = "TUNEBOOK_FAST_START"  # 1: fast starts; api: the API server fork only; 0: plain
 MP_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 # start_method, in every row: how its engine was started
@@ -287,7 +289,8 @@ def serve(sock_path: Path, module: str, preload: list[str]) -> None:
     after = dict(os.environ)
     hello = {"pid": os.getpid(), "module": module, "read_at_import": read,
              "set_at_import": {k: v for k, v in after.items() if k in read and read[k] != v}}
-    _publish(sock_path.parent / "hello.json", hello)  # ready
+    # ready; whole or not at all: the owner reads it as soon as it exists
+    replace_atomic(sock_path.parent / "hello.json", json.dumps(hello).encode())
     try:
         while os.getppid() == owner:
             _reap(exits)
@@ -321,15 +324,6 @@ def serve(sock_path: Path, module: str, preload: list[str]) -> None:
             sock_path.unlink()
 
 
-def _publish(path: Path, data: dict[str, Any]) -> None:
-    """Write a file another process polls for, whole: to a temp name, then renamed into place
-    (written in place, a reader that saw the name could read it empty: seen as a
-    JSONDecodeError in `Launcher.ensure` when two launchers started at once)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
 def _reap(exits: Path) -> None:
     while True:
         try:
@@ -338,9 +332,7 @@ def _reap(exits: Path) -> None:
             return
         if pid == 0:
             return
-        tmp = exits / f"{pid}.tmp"
-        tmp.write_text(str(os.waitstatus_to_exitcode(status)))
-        os.replace(tmp, exits / str(pid))
+        replace_atomic(exits / str(pid), str(os.waitstatus_to_exitcode(status)).encode())
 
 
 # -- in the owner (the tunebook process) ------------------------------------------------------
@@ -453,8 +445,9 @@ class Launcher:
             (self.folder / stale).unlink(missing_ok=True)
         log = self.folder / "launcher.log"
         self.start_env = {k: v for k, v in env.items() if k.startswith(STARTUP_VARS)}
-        _publish(self.folder / "owner.json",
-                 {"python": self.python, "preload": self.preload, "start_env": self.start_env})
+        replace_atomic(self.folder / "owner.json", json.dumps(  # `attach` may read it now
+            {"python": self.python, "preload": self.preload, "start_env": self.start_env}
+        ).encode())
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [self.python, "-m", "tunebook.servers.launcher", str(self.sock_path),

@@ -31,6 +31,7 @@ from typing import Any
 import psutil
 
 from tunebook.core import config
+from tunebook.core.files import replace_atomic
 from tunebook.core.hardware import machine
 from tunebook.models.presets import ModelRef, weights_gib_estimate
 from tunebook.servers import compile_cache, launcher
@@ -91,10 +92,11 @@ class _PidFile:
     def write(pgid: int, port: int, log: Path) -> _PidFile:
         me = psutil.Process()
         p = state_dir() / f"{pgid}.json"
-        tmp = p.with_suffix(".tmp")  # reap_orphans (another engine's start) globs *.json only
-        tmp.write_text(json.dumps({"pgid": pgid, "port": port, "log": str(log),
-                                   "owner_pid": me.pid, "owner_started": me.create_time()}))
-        os.replace(tmp, p)
+        # whole or not at all: reap_orphans (another engine's start) may read it at any time;
+        # the temp file it is written to ends in .tmp, which that glob of *.json never sees
+        replace_atomic(p, json.dumps({"pgid": pgid, "port": port, "log": str(log),
+                                      "owner_pid": me.pid,
+                                      "owner_started": me.create_time()}).encode())
         return _PidFile(p)
 
     def remove(self) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 
 import pandas as pd
 
+from tunebook.core.files import read_stored_text
 from tunebook.servers.startup import strip_ansi
 
 # (phase, patterns of the line that ends it): searched in this order, each after the previous
@@ -319,7 +320,7 @@ def phases_frame(records: list[dict[str, Any]], root: Path) -> pd.DataFrame:
         else:
             path = root / log
             try:
-                text = path.read_text(errors="replace")
+                text = read_stored_text(path)  # plain or .gz
             except OSError:
                 continue
             kind = row.get("engine_kind")

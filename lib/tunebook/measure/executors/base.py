@@ -29,7 +29,8 @@ class Sink(Protocol):
         """A run measured here: store its record."""
 
     def save_file(self, name: str, data: bytes) -> None:
-        """A run file measured elsewhere, as it came back."""
+        """A run file measured elsewhere, as it came back: a run's JSON, or the Parquet file
+        of its per-request arrays (`<run>.requests.parquet`), which comes first."""
 
     def save_log(self, name: str, data: bytes) -> None:
         """An engine log made elsewhere."""

@@ -43,6 +43,7 @@ import yaml
 
 from tunebook.core import config
 from tunebook.measure.executors.base import RAY_ENV, RAY_SLOTS_ENV, Job, Sink
+from tunebook.results.compact import REQUESTS_FILE
 from tunebook.servers.base import DIE_WITH_PARENT_ENV, api_key
 
 SLOT_RESOURCE = "tunebook_engine_slot"
@@ -134,11 +135,33 @@ def _asked_to_stop(flag: Any) -> bool:
         return True
 
 
+def new_run_files(runs: Path, sent: set[str]) -> Iterator[tuple[str, str, bytes]]:
+    """The run files in `runs` not yet in `sent` (added to it), as items to stream: for each
+    run ("requests", name, bytes) of its Parquet file first when its JSON names one, then
+    ("run", name, bytes) of the JSON. The order the store writes them in: the driver never
+    holds a JSON whose arrays are still to come. The local sweep writes the Parquet file
+    before the JSON, so a JSON that is there has its file there too."""
+    for f in sorted(runs.glob("*.json")) if runs.is_dir() else []:
+        if f.name in sent:
+            continue
+        sent.add(f.name)
+        data = f.read_bytes()
+        try:
+            ref = json.loads(data).get(REQUESTS_FILE)
+        except (ValueError, AttributeError):
+            ref = None
+        name = ref.get("name") if isinstance(ref, dict) else None
+        if isinstance(name, str) and Path(name).name == name and (runs / name).is_file():
+            yield "requests", name, (runs / name).read_bytes()
+        yield "run", f.name, data
+
+
 def run_config(params_yaml: str, run_ids: list[str], api_key: str, slots: int,
                gpu: bool, stop: Any = None) -> Iterator[tuple[str, str, bytes]]:
     """A Ray task's body (a generator: each item streams back as it is yielded): run these
-    runs of one engine config in a local sweep on this node; yield ("run", name, bytes) for
-    each run file as it lands, then ("log", name, bytes) for the engine logs, then ("exit",
+    runs of one engine config in a local sweep on this node; yield each run's files as they
+    land (`new_run_files`: ("requests", name, bytes) of its arrays' Parquet file, then ("run",
+    name, bytes) of its JSON), then ("log", name, bytes) for the engine logs, then ("exit",
     str(rc), b""). When `stop` (a _stop_flag) is set, SIGTERM the sweep and keep streaming
     until it has exited (its interrupted row comes back too)."""
     scratch = Path(tempfile.mkdtemp(prefix="tunebook-ray-"))
@@ -167,11 +190,7 @@ def run_config(params_yaml: str, run_ids: list[str], api_key: str, slots: int,
                     if not done and not stopping and _asked_to_stop(stop):
                         stopping = True  # the sweep marks its run interrupted, stops its engine
                         os.killpg(proc.pid, signal.SIGTERM)
-                    for f in sorted((exp / "runs").glob("*.json")) if (exp / "runs").is_dir() \
-                            else []:
-                        if f.name not in sent:
-                            sent.add(f.name)
-                            yield "run", f.name, f.read_bytes()
+                    yield from new_run_files(exp / "runs", sent)
                     if done:
                         break
                     time.sleep(POLL_S)
@@ -295,7 +314,9 @@ class RayExecutor:
     def _take(experiment: str, cfg: Any, item: tuple[str, str, bytes], sink: Sink,
               bar: Any) -> None:
         kind, name, data = item
-        if kind == "run":
+        if kind == "requests":  # a run's arrays, just before its JSON
+            sink.save_file(name, data)
+        elif kind == "run":
             sink.save_file(name, data)
             bar.update(1)
         elif kind == "log":

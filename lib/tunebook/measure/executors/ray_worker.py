@@ -1,6 +1,8 @@
 """`python -m tunebook.measure.executors.ray_worker SCRATCH`: the local sweep one Ray task runs
 on its node (ray_cluster.run_config starts it in its own process group and streams its run files
-back). A module of its own so that data flows one way: sweep -> ray_cluster, ray_worker -> sweep.
+back: each run's Parquet file of per-request arrays, which its store writes first, then the JSON
+that names it). A module of its own so that data flows one way: sweep -> ray_cluster,
+ray_worker -> sweep.
 """
 
 from __future__ import annotations
