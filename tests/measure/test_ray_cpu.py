@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from datetime import datetime
 from pathlib import Path
 
@@ -86,12 +88,25 @@ def _completions(exp_glob: str, server: psutil.Process) -> int:
     return sum(f.read_text(errors="replace").count("POST /v1/completions") for f in logs)
 
 
+def _serving(server: psutil.Process) -> bool:
+    """The engine has requests running now (vLLM's gauge, from its /metrics)."""
+    # a forked engine's title is its argv as one string (the launcher sets it)
+    port = re.findall(r"--port[ =](\d+)", " ".join(server.cmdline()))[0]
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={
+        "Authorization": f"Bearer {server.environ().get('VLLM_API_KEY', '')}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        text = r.read().decode(errors="replace")
+    return any(float(v) > 0 for v in re.findall(
+        r"^vllm:num_requests_running(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE))
+
+
 def test_two_slots_an_engine_killed_then_stopped_and_resumable(tmp_path: Path) -> None:
     """Two engine configs of two load points each on a local cluster of two slots, started at
     once, in ONE sweep: one task's engine is SIGKILLed in its second load point (that run
     comes back `interrupted`, its first `ok`), then the driver gets SIGTERM (a scheduler's
-    stop; Ctrl-C takes the same path) while the other task's engine serves: it exits 143, that
-    task stops its remote engine and still sends the row it cut short, and no engine is left.
+    stop; Ctrl-C takes the same path) while the other task's engine has requests in flight
+    (held there: its engine core frozen until that row is back): it exits 143, that task
+    stops its remote engine and still sends the row it cut short, and no engine is left.
     The rows are a local sweep's (the plan's run ids, one attempt each), and what the next
     sweep would run is exactly what was not `ok` (resume reads the rows the tasks sent back;
     its logic is the local sweep's, proven in test_faults). One sweep: a second one, only for
@@ -117,28 +132,45 @@ def test_two_slots_an_engine_killed_then_stopped_and_resumable(tmp_path: Path) -
     def rows_back(status: str) -> int:
         return sum(r["status"] == status for r in _rows(exp)) if (exp / "runs").is_dir() else 0
 
-    def driver() -> None:  # the kill, then the SIGTERM, each on its event
+    frozen: list[psutil.Process] = []
+
+    def driver() -> None:
+        """The kill, then the SIGTERM, each on its event. The other engine is frozen (its engine
+        core stopped) with requests in flight before the SIGTERM: the stop travels driver →
+        Ray → task → its sweep, and an engine left running could finish the point meanwhile.
+        It goes on once that sweep has sent the row it cut short."""
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and proc.poll() is None:
-            with contextlib.suppress(psutil.Error, OSError):
-                servers = ours()
-                if not killed:
-                    second = [s for s in servers if _completions(logs, s) > first_point]
-                    if second:
-                        os.kill(second[0].pid, signal.SIGKILL)
-                        killed.append(second[0].pid)
-                elif rows_back("interrupted") and any(
-                        _completions(logs, s) for s in servers if s.pid not in killed):
-                    proc.send_signal(signal.SIGTERM)
-                    signalled.append(time.monotonic())
-                    return
-            time.sleep(0.2)
+        try:
+            while time.monotonic() < deadline and proc.poll() is None:
+                with contextlib.suppress(psutil.Error, OSError):
+                    servers = ours()
+                    if not killed:  # the first engine in its second load point
+                        second = [s for s in servers if _completions(logs, s) > first_point]
+                        if second:
+                            os.kill(second[0].pid, signal.SIGKILL)
+                            killed.append(second[0].pid)
+                    elif not frozen:
+                        busy = [s for s in servers if s.pid not in killed and _serving(s)]
+                        if busy:
+                            frozen.extend(busy[0].children(recursive=True))
+                            for p in frozen:
+                                p.send_signal(signal.SIGSTOP)
+                            proc.send_signal(signal.SIGTERM)
+                            signalled.append(time.monotonic())
+                    elif rows_back("interrupted") >= 2 or \
+                            time.monotonic() > signalled[0] + 60:
+                        return
+                time.sleep(0.1)
+        finally:
+            for p in frozen:
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(signal.SIGCONT)
 
     t = threading.Thread(target=driver, daemon=True)
     t.start()
     text = _finish(proc, 600)
     t.join(5)
-    assert killed and signalled, text
+    assert killed and signalled and frozen, text
     assert proc.returncode == 143, text
     plan = make_plan(P.load(params))
     rows = _rows(exp)

@@ -84,7 +84,11 @@ def test_start_phases_in_every_row(quickstart: Path) -> None:
         phases = {p: r[f"start_{p}_s"] for p in PHASES}
         for p in ("api_import", "engine_core", "worker_init", "compile", "api_ready"):
             assert pd.notna(phases[p]) and phases[p] >= 0, p
-        assert phases["api_import"] > 0 and phases["compile"] > 0
+        assert phases["compile"] > 0
+        # a start forked from the session's launcher finds vLLM imported: its first line comes
+        # at once (0 s at the log's one-second stamps); a plain start imports it first
+        if r["start_method"] == "exec":
+            assert phases["api_import"] > 0
         assert pd.isna(phases["cuda_graphs"])  # no CUDA graphs on CPU
         assert sum(v for v in phases.values() if pd.notna(v)) == pytest.approx(
             r["startup_s"], abs=0.01)
