@@ -25,6 +25,7 @@ import pandas as pd
 import pytest
 
 from conftest import Replot, SharedEngine, shared_config
+from tunebook.core.files import read_stored_text
 from tunebook.inputs import params as P
 from tunebook.inputs.plan import make_plan
 from tunebook.measure.sweep import Sweep, SweepOptions
@@ -108,7 +109,7 @@ def _failed_starts(exp: Path) -> dict[str, tuple[dict, str]]:
         rec = json.loads(f.read_text())
         row = rec["row"]
         if row["status"] == "engine_failed":
-            log = (exp / rec["engine"]["log"]).read_text(errors="replace")
+            log = read_stored_text(exp / rec["engine"]["log"])  # plain, or gzipped once compacted
             out[row["engine_label"]] = (knobs[row["engine_config_id"]], log)
     return out
 

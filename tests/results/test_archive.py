@@ -77,8 +77,10 @@ def _listed(members: Members, *extra: tuple[str, bytes]) -> Members:
 
 
 def _files(root: Path) -> dict[str, bytes]:
+    """Every file a pack carries (dot files, such as the lock a sweep or `tunebook compact`
+    leaves beside a committed experiment, stay behind)."""
     return {p.relative_to(root).as_posix(): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*")) if p.is_file() and not p.name.startswith(".")}
 
 
 def test_a_pack_lists_every_file_but_the_table_and_the_lock(small: Path) -> None:

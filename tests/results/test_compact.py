@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -25,12 +26,36 @@ CH08 = OUTPUTS / "cpu" / "ch08"  # one run with log and block-recording spans
 
 
 def _copy(src: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(src, tmp_path / src.name))
+    """A copy of a committed experiment as it was written before compact records: each run's
+    arrays inline in its JSON with its row at schema 1 (1 -> 2 is the identity), engine logs
+    and block recordings plain. The committed ones are compact themselves now."""
+    exp = Path(shutil.copytree(src, tmp_path / src.name))
+    for path in sorted((exp / "runs").glob("*.json")):
+        rec = compact.read_record(path)
+        parquet = path.with_name(compact.requests_name(path.name))
+        if parquet.is_file():
+            parquet.unlink()
+            rec["row"]["schema_version"] = 1
+            path.write_bytes(compact.record_bytes(rec))
+    for gz in sorted((exp / "engines").glob("*.gz")):
+        plain = gz.with_suffix("")
+        plain.write_bytes(files.read_stored(plain))
+        # the copy's time, as copytree keeps it: a log written now counts as an engine start
+        # in the suite's summary (conftest)
+        os.utime(plain, ns=(gz.stat().st_atime_ns, gz.stat().st_mtime_ns))
+        gz.unlink()
+    return exp
 
 
 def _first_record(exp: Path) -> tuple[Path, dict]:
     path = sorted((exp / "runs").glob("*.json"))[0]
     return path, compact.read_record(path)
+
+
+@pytest.fixture
+def noise(tmp_path: Path) -> Path:
+    """slo-noise as written inline (10 runs of 32-48 users, two engine logs)."""
+    return _copy(NOISE, tmp_path / "inline")
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
@@ -127,8 +152,8 @@ def test_a_missing_or_altered_parquet_file_is_reported(tmp_path: Path) -> None:
 
 
 def test_a_version_1_record_reads_migrated_and_compact_needs_version_2(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    src, _ = _first_record(NOISE)
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, noise: Path) -> None:
+    src, _ = _first_record(noise)
     raw = json.loads(src.read_bytes())
     assert raw["row"]["schema_version"] == 1 and "requests" in raw
     path = Store(tmp_path).runs_dir / src.name
@@ -197,9 +222,10 @@ def test_gzipped_logs_read_as_plain_ones(tmp_path: Path) -> None:
     done = compact.convert_experiment(exp)
     assert done.logs == 2 and not list((exp / "engines").glob("*.log"))
     assert read() == plain
-    log = sorted((CH08 / "engines").glob("*.log"))[0]
-    text = log.read_bytes()
-    stored = exp / "engines" / log.name
+    log = next(p.name.removesuffix(".gz") for p in sorted((CH08 / "engines").iterdir())
+               if p.name.endswith((".log", ".log.gz")))  # committed: gzipped
+    stored = exp / "engines" / log
+    text = files.read_stored(CH08 / "engines" / log)
     for start, end in ((0, 10), (18689, 83298), (len(text) - 5, None), (len(text), None)):
         assert files.read_stored(stored, start, end) == text[start:end]
     with pytest.raises(FileNotFoundError):
@@ -214,5 +240,5 @@ def test_the_logs_of_a_running_engine_stay_plain(tmp_path: Path) -> None:
     done = compact.convert_experiment(exp, live_logs=[log])
     assert done.records == 1 and done.logs == 0 and len(done.live) == 2
     assert sorted(p.name for p in (exp / "engines").iterdir()) == sorted(
-        p.name for p in (CH08 / "engines").iterdir())
+        p.name.removesuffix(".gz") for p in (CH08 / "engines").iterdir())
     assert "logs of running engines left plain: 2" in done.text()
