@@ -260,11 +260,12 @@ def cmd_claims(args: argparse.Namespace) -> int:
 
 
 def _index(outputs: Path) -> Path | None:
-    from tunebook.present import index
+    from tunebook.present import index, overview
 
     path = index.rebuild(outputs)
     if path:
         print(f"index: {path}")
+        print(f"overview of the manual's claims: {path.parent / overview.OVERVIEW}")
     return path
 
 
