@@ -1,10 +1,11 @@
 """Shared reports open offline: headless Chromium (Debian's package, through selenium) with
 the network off loads each page and counts the charts that actually rendered; the overview's
-links land on their figures."""
+links land on their figures; a report prints to PDF."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import altair as alt
 import pandas as pd
 import pytest
 
+from tunebook.cli import EXIT_OK, main
 from tunebook.present import browser, compare, index, overview, report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,6 +133,23 @@ def test_every_overview_link_lands_on_its_target(drv, committed: Path) -> None:
     drv.find_element("css selector", 'td[data-machine="cpu"][data-figure="6.2"] a').click()
     path, state, found = drv.execute_script(_LANDED_JS)
     assert path.endswith("cpu/ch06-disagg/report.html") and found
+
+
+def test_export_pdf(tmp_path: Path, committed: Path) -> None:
+    """`tunebook export EXPERIMENT --pdf`: the report printed beside it; a page such as the
+    overview too."""
+    exp = tmp_path / "ch01"
+    exp.mkdir()
+    shutil.copy(REPO / "outputs" / "cpu" / "ch01" / "report.html", exp)
+    assert main(["export", str(exp), "--pdf"]) == EXIT_OK
+    out = tmp_path / "overview.pdf"
+    assert main(["export", str(committed / overview.OVERVIEW), "--pdf", "--out",
+                 str(out)]) == EXIT_OK
+    for pdf in (exp / "report.pdf", out):
+        data = pdf.read_bytes()
+        assert data.startswith(b"%PDF")
+        pages = re.search(rb"/Type\s*/Pages\s*/Count\s+(\d+)", data)
+        assert pages and int(pages[1]) >= 1
 
 
 def test_the_check_fails_for_a_page_that_needs_the_network(drv, tmp_path: Path) -> None:
