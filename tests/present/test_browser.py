@@ -1,9 +1,11 @@
 """Shared reports open offline: headless Chromium (Debian's package, through selenium) with
-the network off loads each page and counts the charts that actually rendered."""
+the network off loads each page and counts the charts that actually rendered; the overview's
+links land on their figures; a report prints to PDF."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -11,7 +13,8 @@ import altair as alt
 import pandas as pd
 import pytest
 
-from tunebook.present import browser, compare, index, report
+from tunebook.cli import EXIT_OK, main
+from tunebook.present import browser, compare, index, overview, report
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,6 +73,83 @@ def test_index_links_open(drv, experiments: Path) -> None:
     reports = [u for u in links if u.endswith("/report.html")]
     assert len(reports) == 2
     assert browser.rendered(drv, reports[0]).images_ok >= 4
+
+
+def test_fresh_reports_have_stable_figure_anchors(drv, experiments: Path) -> None:
+    """A report rendered today: each figure's heading carries id="fig-1-3"; the overview the
+    index wrote beside it links there, and following the link shows that heading."""
+    drv.get((experiments / "index.html").as_uri())
+    drv.find_element("link text", "Which of the manual's claims hold on our machines").click()
+    assert drv.current_url.endswith("/overview.html")
+    drv.find_element("css selector", 'td[data-machine="h200"][data-figure="1.3"] a').click()
+    assert drv.current_url.endswith("h200/ch01/report.html#fig-1-3"), drv.current_url
+    heading = drv.execute_script("return document.getElementById('fig-1-3').parentElement")
+    assert heading.tag_name in ("h1", "h2", "h3") and heading.text.startswith("Fig 1.3")
+    top = drv.execute_script("return arguments[0].getBoundingClientRect().top", heading)
+    assert 0 <= top < 200  # scrolled to it
+
+
+@pytest.fixture(scope="module")
+def committed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The overview of the committed outputs, from their claims tables, in a folder whose
+    machines (and index) are links to the repository's: its relative links stay valid."""
+    root = tmp_path_factory.mktemp("committed")
+    for name in ("cpu", "h200", index.INDEX):
+        (root / name).symlink_to(REPO / "outputs" / name)
+    overview.write(root, overview.claims_files(root))
+    return root
+
+
+# Where a link lands: the document's path, and whether the fragment names an element there
+_LANDED_JS = """
+const f = location.hash.slice(1);
+return [decodeURIComponent(location.pathname), document.readyState,
+        !f || !!(document.getElementById(f) || document.getElementById(decodeURIComponent(f)))];
+"""
+
+
+def test_every_overview_link_lands_on_its_target(drv, committed: Path) -> None:
+    page = committed / overview.OVERVIEW
+    r = browser.rendered(drv, page, settle_s=0)
+    assert r.remote == [], r
+    links = [a.get_attribute("href") for a in drv.find_elements("css selector", "a[href]")]
+    assert len(links) >= 40
+    by_page: dict[str, list[str]] = {}
+    for url in links:
+        assert url.startswith(committed.as_uri() + "/"), url  # relative: stays in the folder
+        doc, _, fragment = url.partition("#")
+        by_page.setdefault(doc, []).append(fragment)
+    for doc, fragments in by_page.items():  # each target opened once, every anchor looked up
+        drv.get(doc)
+        path, state, _ = drv.execute_script(_LANDED_JS)
+        assert state == "complete" and Path(path).is_file(), doc
+        for f in filter(None, fragments):
+            found = drv.execute_script(
+                "const f = arguments[0]; return !!(document.getElementById(f) || "
+                "document.getElementById(decodeURIComponent(f)));", f)
+            assert found, f"{doc}#{f}"
+    # and one followed by a click, as a reader would
+    drv.get(page.as_uri())
+    drv.find_element("css selector", 'td[data-machine="cpu"][data-figure="6.2"] a').click()
+    path, state, found = drv.execute_script(_LANDED_JS)
+    assert path.endswith("cpu/ch06-disagg/report.html") and found
+
+
+def test_export_pdf(tmp_path: Path, committed: Path) -> None:
+    """`tunebook export EXPERIMENT --pdf`: the report printed beside it; a page such as the
+    overview too."""
+    exp = tmp_path / "ch01"
+    exp.mkdir()
+    shutil.copy(REPO / "outputs" / "cpu" / "ch01" / "report.html", exp)
+    assert main(["export", str(exp), "--pdf"]) == EXIT_OK
+    out = tmp_path / "overview.pdf"
+    assert main(["export", str(committed / overview.OVERVIEW), "--pdf", "--out",
+                 str(out)]) == EXIT_OK
+    for pdf in (exp / "report.pdf", out):
+        data = pdf.read_bytes()
+        assert data.startswith(b"%PDF")
+        pages = re.search(rb"/Type\s*/Pages\s*/Count\s+(\d+)", data)
+        assert pages and int(pages[1]) >= 1
 
 
 def test_the_check_fails_for_a_page_that_needs_the_network(drv, tmp_path: Path) -> None:

@@ -260,3 +260,18 @@ def test_run_passes_no_input_through(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert main(["run", str(REPO / "params" / "ch01-h200.yaml"), "--outputs", str(root),
                      "--replot", "-q", *flags]) == EXIT_OK
         assert seen == {"no_input": hidden}
+
+
+def test_figure_headings_get_stable_anchors() -> None:
+    """Reports link to a figure as report.html#fig-1-3 whatever its heading says; reports
+    rendered before have only nbconvert's id made from the heading's words."""
+    before = ('<h2 id="Fig-1.3-%E2%80%94-1-users">Fig 1.3 — 1 users<a class="anchor-link" '
+              'href="#Fig-1.3-%E2%80%94-1-users">¶</a></h2><h3 id="Fig-1.3-%E2%80%94-more">'
+              '</h3><h2 id="Fig-1.30-%E2%80%94-x"></h2>')
+    assert report.figure_fragment(before, "1.3") == "Fig-1.3-%E2%80%94-1-users"
+    after = report.figure_anchors(before)
+    assert after.count('id="fig-1-3"') == 1 and after.count('id="fig-1-30"') == 1
+    assert '<h2 id="Fig-1.3-%E2%80%94-1-users"><span id="fig-1-3"></span>Fig 1.3' in after
+    assert report.figure_fragment(after, "1.3") == "fig-1-3"
+    assert report.figure_fragment(after, "2.1") is None
+    assert report.figure_anchors(after) == after  # once only

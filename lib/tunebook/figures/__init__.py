@@ -31,6 +31,7 @@ from tunebook.figures.registry import (
     Needs,
     get,
     reference_frame,
+    short_text,
     units,
 )
 from tunebook.results.evidence import CANNOT, Claim, Evidence
@@ -66,4 +67,4 @@ def chapter(number: int) -> Chapter:
 
 
 __all__ = ["CHAPTERS", "REGISTRY", "Chapter", "FigureUnit", "Needs", "chapter", "chart", "get",
-           "reference_frame", "units", "verdict", "verdict_markdown"]
+           "reference_frame", "short_text", "units", "verdict", "verdict_markdown"]

@@ -7,7 +7,7 @@ import pandas as pd
 
 from tunebook.charts import plots as charts
 from tunebook.core.manual import SOURCE, result, setting
-from tunebook.figures.registry import FigureUnit, Needs, chapter, figure
+from tunebook.figures.registry import FigureUnit, Needs, chapter, figure, short_text
 from tunebook.models.presets import PRESETS, kv_bytes_per_token
 from tunebook.results.evidence import (
     CANNOT,
@@ -251,6 +251,10 @@ class FailedStarts(FigureUnit):
         return self.verdict(ev, text, HOLDS if named.all() else DIFFERS,
                             f"{int(named.sum())} of {len(t)} failed starts named the setting "
                             "to change", float(named.sum()), float(len(t)))
+
+    def headline(self, c: Claim) -> str:
+        """The count of starts that named their setting (the measured text lists each)."""
+        return short_text(c.why) if c.verdict in (HOLDS, DIFFERS) else super().headline(c)
 
     def chart(self, ev: Evidence) -> alt.TopLevelMixin:
         rows = []

@@ -23,6 +23,8 @@ Everything else — claims tables, chapter notebooks, the index, the params chec
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -33,7 +35,7 @@ import pandas as pd
 from tunebook.charts import plots as charts
 from tunebook.core import manual
 from tunebook.core.manual import DEFAULT_MODEL, RESULT, SETTING, SOURCE, Ref
-from tunebook.results.evidence import NOT_MEASURED, VERDICT_ICON, Claim, Evidence
+from tunebook.results.evidence import CANNOT, NOT_MEASURED, VERDICT_ICON, Claim, Evidence
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,10 @@ class FigureUnit:
         return Claim(self.fig, self.claim, self.manual_text(), measured, verdict, why,
                      ev.hardware, ev.experiment, value, reference)
 
+    def rule_text(self) -> str:
+        """The rule as its docstring states it: what every verdict of this figure applies."""
+        return inspect.getdoc(type(self).rule) or ""
+
     def rule(self, ev: Evidence) -> Claim:
         """No rule yet: the figure is registered with the manual's numbers, not measured."""
         return self.verdict(ev, "—", NOT_MEASURED,
@@ -155,11 +161,107 @@ class FigureUnit:
             return None
         return charts.beside(charts.curves(ev.df, self.plot), self.reference_panel())
 
+    def manual_numbers(self) -> str:
+        """The manual's numbers in a few words ("8×, ≈7.5× on DGX Spark"); "" when the claim
+        states none."""
+        nums = numbers_text(self.results)
+        return f"{nums} on {self.hardware}" if nums and self.hardware else nums
+
+    def headline(self, c: Claim) -> str:
+        """What was measured, in a few words: the lead of a verdict (the whole text stays in
+        ``c.measured``). The first clauses of the measured text — of the reason when the
+        figure cannot run here or nothing was measured — asides dropped where they do not
+        fit (``short_text``)."""
+        text = c.measured if c.verdict != CANNOT and c.measured.strip() not in ("", "—") \
+            else c.why
+        return short_text(text)
+
+    def lead(self, c: Claim) -> str:
+        """The verdict in one line of at most ~30 words: verdict, where, what was measured,
+        and the manual's numbers."""
+        manual = self.manual_numbers()
+        return (f"{c.verdict} on {c.hardware or 'this machine'}: {self.headline(c)}"
+                + (f" (manual: {manual})" if manual else ""))
+
     def markdown(self, c: Claim) -> str:
-        """The verdict line shown above the chart."""
+        """The verdict shown above the chart: the lead, then the manual's numbers, what was
+        measured and why in full, one click away (a ``<details>`` block)."""
+        manual = self.manual_numbers()
         return (f"**Fig {c.figure} — {VERDICT_ICON.get(c.verdict, '')} {c.verdict}** on "
-                f"{c.hardware or 'this machine'}. *Manual (reference):* {c.manual}. "
-                f"*Measured here:* {c.measured}. *Why:* {c.why}.")
+                f"{c.hardware or 'this machine'}: {self.headline(c)}"
+                + (f" *(manual: {manual})*" if manual else "") + ".\n\n"
+                "<details><summary>The manual, the measurement and why</summary>\n\n"
+                f"*Manual (reference):* {c.manual}. *Measured here:* {c.measured}. "
+                f"*Why:* {c.why}.\n\n</details>\n")
+
+
+def _top_level(text: str, sep: str) -> list[str]:
+    """``text`` split at each ``sep`` outside brackets."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(text):
+        ch = text[i]
+        depth += ch in "([{"
+        depth -= depth > 0 and ch in ")]}"
+        if depth == 0 and text.startswith(sep, i):
+            parts.append(text[start:i])
+            i = start = i + len(sep)
+            continue
+        i += 1
+    return [*parts, text[start:]]
+
+
+def _fit(clause: str, limit: int) -> str:
+    """One clause in ``limit`` characters, the first of these that fits: the clause; without
+    its asides in parentheses; its first comma-separated parts; its part before a colon;
+    its first words. Cut ones end in "…"."""
+    if len(clause) <= limit:
+        return clause
+    bare = re.sub(r"\s+\([^()]*(?:\([^()]*\)[^()]*)*\)", "", clause).strip()
+    if len(bare) <= limit:
+        return bare
+    parts = _top_level(bare, ", ")
+    kept = parts[0]
+    for p in parts[1:]:
+        if len(kept) + len(p) + 3 > limit:
+            break
+        kept += ", " + p
+    for cut in (kept, _top_level(clause, ": ")[0], _top_level(bare, ": ")[0]):
+        if len(cut) + 1 <= limit:
+            return cut + "…"
+    return bare[:limit - 1].rsplit(" ", 1)[0].rstrip(",;:( ") + "…"
+
+
+def short_text(text: str, limit: int = 80) -> str:
+    """A verdict's text cut to about ``limit`` characters, in whole clauses where it can: the
+    engine label in front ("[default] ") dropped, then the clauses (up to "; " or ". ") that
+    fit — the first always, shortened by ``_fit`` when alone it is too long."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", " ".join(str(text).split()))
+    clauses = [c.strip() for part in _top_level(text, "; ") for c in _top_level(part, ". ")
+               if c.strip()]
+    if not clauses:
+        return ""
+    out = _fit(clauses[0].rstrip("."), limit)
+    for c in clauses[1:]:
+        c = c.rstrip(".")
+        if out.endswith("…") or len(out) + 2 + len(c) > limit:
+            break
+        out += "; " + c
+    return out
+
+
+def numbers_text(refs: tuple[Ref, ...]) -> str:
+    """Reference numbers in a few words: "8×, ≈7.5×"; numbers that share a unit name it once,
+    "3, 3, 5 draft tokens"; units apart by "; "."""
+    groups: list[tuple[str, list[str]]] = []
+    for r in refs:
+        text = charts.ref_text(r)
+        value = text if r.unit == "x" else text.removesuffix(" " + r.unit)
+        if groups and groups[-1][0] == r.unit:
+            groups[-1][1].append(value)
+        else:
+            groups.append((r.unit, [value]))
+    return "; ".join(", ".join(vals) + ("" if unit == "x" else f" {unit}")
+                     for unit, vals in groups)
 
 
 REGISTRY: dict[str, FigureUnit] = {}

@@ -1,3 +1,3 @@
-"""What a person reads: claims tables, rendered reports, the index, comparisons, the notebooks'
-workbook and the tuning panel.
+"""What a person reads: claims tables, rendered reports, the index and the overview of the
+manual's claims, comparisons, the notebooks' workbook and the tuning panel.
 """

@@ -1,6 +1,7 @@
-"""Headless Chromium with the network off, for checking that rendered pages work offline and
-for the screenshots in docs/ (scripts/screenshots.py). Uses Debian's `chromium` and
-`chromedriver` packages through selenium; nothing is downloaded.
+"""Headless Chromium with the network off, for checking that rendered pages work offline, for
+the screenshots in docs/ (scripts/screenshots.py) and for printing a report to PDF
+(`tunebook export EXPERIMENT --pdf`). Uses Debian's `chromium` and `chromedriver` packages
+through selenium; nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def chromium(offline: bool = True, width: int = 1400, height: int = 1000) -> Ite
 
     found = find_chromium()
     if found is None:
-        raise FileNotFoundError("headless checks need Debian's chromium and chromedriver: "
-                                "apt-get install chromium chromium-driver")
+        raise FileNotFoundError("headless Chromium (checks, screenshots, PDF) needs Debian's "
+                                "chromium and chromedriver: apt-get install chromium "
+                                "chromium-driver")
     browser, driver_path = found
     opts = webdriver.ChromeOptions()
     opts.binary_location = browser
@@ -100,3 +102,26 @@ def rendered(drv: Any, page: Path | str, settle_s: float = 2.0) -> Rendered:
     time.sleep(settle_s)
     r = drv.execute_script(_CHECK_JS)
     return Rendered(r["images"], r["images_ok"], r["svgs"], r["canvases"], r["remote"])
+
+
+# Before printing: every <details> open (a PDF cannot be clicked), and the page laid out.
+_UNFOLD_JS = "document.querySelectorAll('details').forEach(d => { d.open = true; });"
+
+
+def print_pdf(page: Path | str, out: Path | str, settle_s: float = 0.5) -> Path:
+    """Print a local page to PDF, offline, with its backgrounds (the verdicts' colours) and
+    without the browser's header and footer (they would show this machine's path and the
+    date); every ``<details>`` block unfolded. Written atomically; returns ``out``."""
+    import base64
+    import time
+
+    from tunebook.results.store import replace_atomic
+
+    with chromium(offline=True) as drv:
+        drv.get(Path(page).resolve().as_uri())
+        time.sleep(settle_s)
+        drv.execute_script(_UNFOLD_JS)
+        pdf = drv.execute_cdp_cmd("Page.printToPDF", {
+            "printBackground": True, "displayHeaderFooter": False,
+            "preferCSSPageSize": True})
+    return replace_atomic(Path(out), base64.b64decode(pdf["data"]))

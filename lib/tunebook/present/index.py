@@ -1,5 +1,7 @@
 """`outputs/index.html`: every experiment under an outputs folder, with links and headline
-numbers, rebuilt after each sweep (and by `tunebook index`). Self-contained: no scripts.
+numbers, rebuilt after each sweep (and by `tunebook index`). Self-contained: no scripts. Beside
+it, from the same claims, `outputs/overview.html` (tunebook.present.overview): one row per
+figure of the manual, one column per machine, linked from the top of the index.
 
 Headline numbers per experiment (from its stored rows, latest attempt per run):
     best_output_tok_s   the highest total output tok/s of any ok run (users, engine config)
@@ -19,7 +21,7 @@ import pandas as pd
 
 from tunebook.core import config
 from tunebook.core.schema import SchemaVersionError
-from tunebook.present import claims
+from tunebook.present import claims, overview
 from tunebook.results.store import Store, find_experiments, ok_rows, replace_atomic, rows_to_frame
 
 INDEX = "index.html"
@@ -35,8 +37,18 @@ def _first(df: pd.DataFrame, col: str) -> Any:
     return vals.iloc[0] if len(vals) else None
 
 
-def summary(exp: Path, root: Path) -> dict[str, Any]:
-    """One index row for an experiment folder."""
+def judge(exp: Path) -> pd.DataFrame:
+    """The claims rows of one experiment (claims.evaluate); none when it cannot be judged (the
+    claims are a bonus: such an experiment is still listed)."""
+    try:
+        return claims.evaluate([exp])
+    except Exception:  # noqa: BLE001
+        return pd.DataFrame(columns=list(claims.COLUMNS))
+
+
+def summary(exp: Path, root: Path, judged: pd.DataFrame | None = None) -> dict[str, Any]:
+    """One index row for an experiment folder (``judged``: its claims rows, when the caller
+    has them already)."""
     unread = ""
     try:
         df = Store(exp).table()
@@ -69,13 +81,10 @@ def summary(exp: Path, root: Path) -> dict[str, Any]:
     if unread:
         row["claims"] = unread
         return row
-    try:  # the claims are a bonus: an experiment that cannot be judged is still listed
-        table = claims.evaluate([exp])
-        if len(table):
-            counts = table["verdict"].value_counts()
-            row["claims"] = ", ".join(f"{n} {v}" for v, n in counts.items())
-    except Exception:  # noqa: BLE001
-        pass
+    table = judge(exp) if judged is None else judged
+    if len(table):
+        counts = table["verdict"].value_counts()
+        row["claims"] = ", ".join(f"{n} {v}" for v, n in counts.items())
     return row
 
 
@@ -91,6 +100,8 @@ table{border-collapse:collapse;font-size:14px}
 th,td{border-bottom:1px solid #ddd;padding:4px 10px;text-align:left;vertical-align:top}
 th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums}
 .muted{color:#777}
+p.overview{font-size:16px;background:#eef4fb;border:1px solid #c6d9ee;border-radius:4px;
+padding:10px 14px;max-width:60em}
 """
 
 
@@ -98,7 +109,8 @@ def _num(v: Any, fmt: str) -> str:
     return "—" if v is None or (isinstance(v, float) and pd.isna(v)) else format(v, fmt)
 
 
-def to_html(rows: list[dict[str, Any]], root: Path) -> str:
+def to_html(rows: list[dict[str, Any]], root: Path, overview_page: str | None = None) -> str:
+    """The index page; ``overview_page``: the overview's relative link, shown at the top."""
     head = ("experiment", "model", "hardware", "vLLM", "runs ok / not ok",
             "best output tok/s", "median TPOT at 1 user (ms)", "claims", "last run")
     body = []
@@ -123,7 +135,11 @@ def to_html(rows: list[dict[str, Any]], root: Path) -> str:
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>tunebook experiments</title>"
         f"<style>{_STYLE}</style></head><body><h1>tunebook experiments</h1>"
-        f"<p class='muted'>{len(rows)} experiment(s) under {html.escape(root.name)}/ — "
+        + (f"<p class='overview'><a href='{html.escape(overview_page)}'><b>Which of the "
+           "manual's claims hold on our machines</b></a> — one row per figure of the manual, "
+           "one column per machine, each verdict linked to the report that judged it.</p>"
+           if overview_page else "")
+        + f"<p class='muted'>{len(rows)} experiment(s) under {html.escape(root.name)}/ — "
         "rebuilt after every sweep (<code>tunebook index</code> rebuilds it by hand).</p>"
         f"<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{''.join(body)}</table>"
         + (f"<h2>Claims tables</h2><ul>{extra}</ul>" if extra else "")
@@ -140,9 +156,13 @@ def index_root(outputs: Path | str) -> Path:
 
 
 def write(outputs: Path | str) -> Path:
+    """index.html and overview.html under the index root, from one evaluation of the claims
+    of each experiment; returns the index's path."""
     root = index_root(outputs)
-    rows = [summary(e, root) for e in experiments(root)]
-    return replace_atomic(root / INDEX, to_html(rows, root).encode())
+    judged = {e: judge(e) for e in experiments(root)}
+    rows = [summary(e, root, table) for e, table in judged.items()]
+    overview.write(root, overview.gather(root, judged))
+    return replace_atomic(root / INDEX, to_html(rows, root, overview.OVERVIEW).encode())
 
 
 def rebuild(outputs: Store | Path | str) -> Path | None:

@@ -154,10 +154,48 @@ def to_html(ipynb: Path, html: Path | None = None, *, no_input: bool = False) ->
     exporter = HTMLExporter(template_name="lab", exclude_input=no_input,
                             exclude_input_prompt=no_input, exclude_output_prompt=no_input)
     body, _ = exporter.from_notebook_node(nb)
-    body = _SECRET_RE.sub("***", scrub_paths(_offline(body), mapping))
+    body = _SECRET_RE.sub("***", scrub_paths(figure_anchors(_offline(body)), mapping))
     html = html or report_path(ipynb.parent.parent)
     replace_atomic(html, body.encode())
     return html
+
+
+# A figure's section heading as nbconvert writes it: its id is made from the heading's words
+# ("Fig-1.3-%E2%80%94-1-%E2%86%92-64-users"), so it changes with the title.
+_FIG_HEADING = re.compile(r'<h[1-6][^>]*\bid="(Fig-(\d+)\.(\d+)-[^"]*)"[^>]*>')
+
+
+def figure_id(fig: str) -> str:
+    """The stable anchor of Fig ``fig`` in a report: ``fig-4-1`` (``report.html#fig-4-1``)."""
+    return "fig-" + str(fig).replace(".", "-")
+
+
+def figure_anchors(html: str) -> str:
+    """Give each figure's first section heading a stable anchor, ``id="fig-4-1"`` (an empty
+    span at the heading's start), that links to it whatever its title says."""
+    seen: set[str] = set(re.findall(r'\bid="(fig-\d+-\d+)"', html))
+
+    def add(m: re.Match[str]) -> str:
+        anchor = figure_id(f"{m[2]}.{m[3]}")
+        if anchor in seen:
+            return m[0]
+        seen.add(anchor)
+        return f'{m[0]}<span id="{anchor}"></span>'
+
+    return _FIG_HEADING.sub(add, html)
+
+
+def figure_fragment(html: str, fig: str) -> str | None:
+    """The id that shows Fig ``fig`` in a rendered report: its stable anchor (``fig-4-1``),
+    else, in a report rendered before those existed, nbconvert's id of its heading; None when
+    the report has no section for it."""
+    anchor = figure_id(fig)
+    if f'id="{anchor}"' in html:
+        return anchor
+    for m in _FIG_HEADING.finditer(html):
+        if f"{m[2]}.{m[3]}" == str(fig):
+            return m[1]
+    return None
 
 
 def report_path(exp_dir: Path) -> Path:
