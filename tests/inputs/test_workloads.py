@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from tunebook.inputs import params as P
@@ -237,6 +238,24 @@ def test_the_profile_draws_what_was_asked_beside_what_was_sent() -> None:
     assert sum(r["requests"] for r in arrivals) == len(asked)
     with pytest.raises(ValueError, match="nothing to profile"):
         plots.workload_profile(asked.iloc[:0], sent.iloc[:0], "empty")
+
+
+def test_the_profile_of_a_file_without_arrival_times() -> None:
+    """A prompt file (custom JSONL, ShareGPT) has no clock: the arrivals drawn are those vLLM's
+    client sent (users or request_rate set them), the lengths asked are the file's output
+    lengths (its prompts are text: their tokens are counted by the server, in `sent`)."""
+    from tunebook.charts import plots
+    from tunebook.results import workload
+
+    asked = workload.asked([{"prompt": f"p{i}", "output_tokens": 16} for i in range(10)])
+    assert asked["arrival_s"].isna().all() and asked["input_len"].isna().all()
+    sent = pd.DataFrame({"request": range(10), "start_s": [i * 0.5 for i in range(10)],
+                         "input_len": [20] * 10, "output_len": [16] * 10, "failed": False})
+    spec = plots.workload_profile(asked, sent, "a prompt file").to_dict()
+    drawn = {(("arrivals" if "req_s" in d[0] else "lengths"), d[0]["which"])
+             for d in spec["datasets"].values() if d}
+    assert drawn == {("arrivals", plots.SENT), ("lengths", plots.SENT),
+                     ("lengths", plots.ASKED)}
 
 
 @pytest.mark.replot("cpu-traces")
