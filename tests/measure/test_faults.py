@@ -316,8 +316,20 @@ def test_engine_sigkilled_mid_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     _assert_clean(shared_engine)
 
 
-def test_never_ready_times_out(tmp_path: Path) -> None:
+def test_never_ready_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start that times out is stopped with the short grace of an engine that never became
+    ready: vLLM 0.32's API server, waiting for its engine core's handshake, cannot run its
+    SIGTERM handler, and half such stops sat out the whole 20 s before the SIGKILL."""
     from tunebook.models.presets import resolve_model
+
+    graces: list[float] = []
+    kill_group = process.kill_group
+
+    def recorded(pgid: int, grace_s: float = process.STOP_GRACE_S) -> None:
+        graces.append(grace_s)
+        kill_group(pgid, grace_s)
+
+    monkeypatch.setattr(process, "kill_group", recorded)
 
     # dev mode as the session's other starts have it: vLLM reads VLLM_SERVER_DEV_MODE while
     # imported, so without it this start could not fork from the session's launcher (8.7 s
@@ -327,6 +339,7 @@ def test_never_ready_times_out(tmp_path: Path) -> None:
     with pytest.raises(base.EngineStartError) as ei:
         e.start()
     assert "ready in time" in str(ei.value) and ei.value.diagnosis.setting == "startup_timeout_s"
+    assert graces == [process.NOT_READY_GRACE_S]
     assert not process._group_members(e.proc.pid) and base.port_is_free(e.port)
     assert not process.list_engines()
 

@@ -115,7 +115,11 @@ def _group_members(pgid: int) -> list[psutil.Process]:
     return out
 
 
-def kill_group(pgid: int, grace_s: float = 20.0) -> None:
+STOP_GRACE_S = 20.0  # a serving engine: time to close its connections and its engine core
+NOT_READY_GRACE_S = 3.0  # one that never became ready (Engine.stop says why)
+
+
+def kill_group(pgid: int, grace_s: float = STOP_GRACE_S) -> None:
     """TERM the whole process group, wait, then KILL whatever is left."""
     try:
         os.killpg(pgid, signal.SIGTERM)
@@ -362,7 +366,12 @@ class ProcessServer(ServerBase, ABC):
 
     def stop(self) -> None:
         if self.proc is not None:
-            kill_group(self.proc.pid)
+            # an engine that never answered /health has nothing to drain: a short grace. vLLM
+            # 0.32's API server waits for its engine core's handshake in a blocking zmq poll
+            # inside its event loop, where its SIGTERM handler cannot run: stopped there (a
+            # start that timed out, Ctrl-C during a start) it sat out the whole 20 s grace
+            kill_group(self.proc.pid, grace_s=(STOP_GRACE_S if self.startup_s is not None
+                                               else NOT_READY_GRACE_S))
             try:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
