@@ -136,9 +136,11 @@ def test_two_slots_an_engine_killed_then_stopped_and_resumable(tmp_path: Path) -
 
     def driver() -> None:
         """The kill, then the SIGTERM, each on its event. The other engine is frozen (its engine
-        core stopped) with requests in flight before the SIGTERM: the stop travels driver →
-        Ray → task → its sweep, and an engine left running could finish the point meanwhile.
-        It goes on once that sweep has sent the row it cut short."""
+        core stopped) with requests in flight from the kill on: the killed run's row comes
+        back first (a SIGTERM while its sweep handled the engine's death lost that row once),
+        and the stop, which travels driver -> Ray -> task -> its sweep, finds the other
+        engine's point still in flight. It goes on once that sweep has sent the row it cut
+        short."""
         deadline = time.monotonic() + 600
         try:
             while time.monotonic() < deadline and proc.poll() is None:
@@ -155,6 +157,8 @@ def test_two_slots_an_engine_killed_then_stopped_and_resumable(tmp_path: Path) -
                             frozen.extend(busy[0].children(recursive=True))
                             for p in frozen:
                                 p.send_signal(signal.SIGSTOP)
+                    elif not signalled:
+                        if rows_back("interrupted") >= 1:  # the killed run's
                             proc.send_signal(signal.SIGTERM)
                             signalled.append(time.monotonic())
                     elif rows_back("interrupted") >= 2 or \
