@@ -9,7 +9,8 @@ Conventions, shared by every chart of measured data:
 - on concurrency charts, ``saturation`` marks each curve's throughput peak and latency knee
   (tunebook.results.stats.saturation states both rules);
 - x is concurrent users on a log2 axis; colour is ``engine_label``;
-- the manual's numbers are drawn in grey with dashed outlines and titled "reference".
+- the manual's numbers are shown in words, one line per number with its unit, in grey and
+  titled "reference" (never bars: one figure's numbers carry different units).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ _TITLES = {
     "output_tok_s_per_user": "Output throughput per user (tok/s)",
     "max_output_tok_s": "Peak 1-s output throughput (tok/s)",
     "request_throughput_req_s": "Completed requests (req/s)",
-    "max_concurrency": "Concurrent users (max_concurrency, log2)",
+    "max_concurrency": "Concurrent users (log2)",
     "request_rate": "Offered load (req/s, log2)",
     "replay_speed": "Replay speed (× the trace's own request rate, log2)",
     "request_goodput_req_s": "Goodput: requests that met every bound (req/s)",
@@ -490,44 +491,111 @@ def ref_text(r: Ref) -> str:
     return f"{q}{v}{'×' if r.unit == 'x' else ' ' + r.unit}"
 
 
+def reference_lines(refs: Iterable[Ref], model: str | None = None) -> list[tuple[str, str]]:
+    """The manual's numbers in words, one (what, value) pair per number: the number's meaning
+    as the claims table words it ("total output tok/s at 64 users ÷ at 1 user") and its value
+    with the unit as the manual states it ("8×"); a number measured on another model than the
+    figure's names it. Results first, then the settings they were measured under."""
+    refs = list(refs)
+    out = []
+    for r in [*(r for r in refs if r.kind == RESULT), *(r for r in refs if r.kind == SETTING)]:
+        what = r.meaning
+        if r.model and r.model != model and r.model not in what:
+            what += f" ({r.model})"
+        out.append((what, ref_text(r)))
+    return out
+
+
+PANEL_WIDTH, _LINE_PX, _LINE_CHARS = 320, 15, 54
+
+
 def manual_panel(fig: str, refs: Iterable[Ref], claim: str, note: str | None,
                  hardware: str | None, model: str) -> alt.LayerChart:
-    """The manual's numbers for one figure as labelled rows; grey dashed bars compare the
-    numbers that share a unit (bar length is relative within the unit, so no axis)."""
+    """The manual's numbers for one figure in words, as a short table in grey italics: one
+    line "<what>: <value> <unit>" per number (``reference_lines``), the conditions they were
+    measured under after "measured under:", the machine and model in the title. Text, not
+    bars: the numbers of one figure carry different units, and no axis compares them."""
     refs = list(refs)
-    data = pd.DataFrame([{"ref": r.name, "value": r.value, "unit": r.unit, "meaning": r.meaning,
-                          "qualifier": r.qualifier, "kind": r.kind, "source": SOURCE}
-                         for r in refs],
-                        columns=["ref", "value", "unit", "meaning", "qualifier", "kind",
-                                 "source"])
-    data["label"] = [("setting: " if r.kind == SETTING else "") + _QUALIFIER[r.qualifier]
-                     + fmt(r.value, r.unit) for r in refs]
-    per_unit = data[data.kind == RESULT].groupby("unit")["value"]
-    count = per_unit.transform("count").reindex(data.index)  # NaN for settings
-    share = (data["value"] / per_unit.transform("max")).reindex(data.index)
-    data["bar"] = share.where(count > 1, 0.0)  # a bar only where two results share a unit
-    if data.empty:
-        data = pd.DataFrame({"ref": ["(no numbers)"], "label": ["this figure states no numbers"],
-                             "bar": [0.0], "source": [SOURCE]})
-    y = alt.Y("ref:N", sort=None, title=None, axis=alt.Axis(labelLimit=260))
-    x = alt.X("bar:Q", axis=None, scale=alt.Scale(domain=[0, 1.8]))
-    tips = [c for c in ("ref", "value", "unit", "qualifier", "kind", "meaning", "source")
-            if c in data.columns]
-    base = alt.Chart(data).encode(y=y, x=x, tooltip=tips)
-    bars = base.mark_bar(fill=REFERENCE_FILL, stroke=REFERENCE_STROKE, strokeDash=[3, 2],
-                         strokeWidth=1, height=14)
-    text = base.mark_text(align="left", dx=5, fontStyle="italic", color=REFERENCE_STROKE
-                          ).encode(text="label:N")
+    results = [r for r in refs if r.kind == RESULT]
+    rows: list[dict[str, Any]] = []
+    y = 6  # below the subtitle
+
+    def add(text: str, r: Ref | None, head: bool = False) -> None:
+        nonlocal y
+        for i, line in enumerate(wrap(text, _LINE_CHARS) or [""]):
+            rows.append({"line": ("   " if i and not head else "") + line, "y": y,
+                         "head": head, "ref": r.name if r else None,
+                         "value": r.value if r else None, "unit": r.unit if r else None,
+                         "meaning": r.meaning if r else None,
+                         "kind": r.kind if r else None, "source": SOURCE})
+            y += _LINE_PX
+
+    lines = reference_lines(refs, model)
+    for r, (what, value) in zip([*results, *(r for r in refs if r.kind == SETTING)], lines,
+                                strict=True):
+        if r.kind == SETTING and (not rows or not any(x["kind"] == SETTING for x in rows)):
+            if rows:
+                y += 4
+            add("measured under:", None, head=True)
+        add(f"{what}: {value}", r)
+    if not rows:
+        add("this figure states no numbers", None)
+    data = pd.DataFrame(rows)
+    tips = ["meaning", "value", "unit", "kind", "ref", "source"]
+    enc = dict(x=alt.value(0), y=alt.Y("y:Q", scale=None, axis=None), text="line:N")
+    body = alt.Chart(data[~data["head"]]).mark_text(
+        align="left", baseline="top", fontSize=11, fontStyle="italic", color="#333"
+    ).encode(tooltip=tips, **enc)
+    layers = [body]
+    if data["head"].any():
+        layers.append(alt.Chart(data[data["head"]]).mark_text(
+            align="left", baseline="top", fontSize=11, color=REFERENCE_STROKE).encode(**enc))
     subtitle = [*wrap(claim), *(wrap(note) if note else []), SOURCE]
     title = (f"vLLM manual Fig {fig} — reference ({hardware or 'machine not named'}, "
              f"{model})")
-    return alt.layer(bars, text).properties(width=260, height=alt.Step(24),
-                                            title=titled(title, subtitle))
+    return alt.layer(*layers).properties(
+        width=PANEL_WIDTH, height=y, view=alt.ViewBackground(stroke=None),
+        title=titled(title, subtitle))
 
 
 def beside(measured: alt.TopLevelMixin, panel: alt.TopLevelMixin) -> alt.HConcatChart:
     """A measured chart with the manual's reference panel on its right."""
     return alt.hconcat(measured, panel, spacing=40).resolve_scale(color="independent")
+
+
+# Category labels under bars: each wrapped into lines that fit its band. Vega's default axis
+# labels are 10 px sans-serif, whose widest common glyphs average under 6.5 px.
+_LABEL_CHAR_PX, _MIN_BAND_PX = 6.5, 90
+
+
+def label_lines(text: str, chars: int) -> list[str]:
+    """``text`` in lines of at most ``chars`` characters: its comma-separated parts kept
+    whole on a line where they fit (the comma ends the line), else wrapped at spaces."""
+    lines: list[str] = []
+    parts = text.split(", ")
+    for i, part in enumerate(parts):
+        piece = part + ("," if i < len(parts) - 1 else "")
+        if lines and lines[-1].endswith(",") and len(lines[-1]) + 1 + len(piece) <= chars:
+            lines[-1] += " " + piece
+        else:
+            lines += wrap(piece, chars) or [piece]
+    return lines
+
+
+def wrapped_labels(values: Iterable[Any], band_px: float, **axis: Any) -> alt.Axis:
+    """A horizontal axis of categories whose labels never collide: each label broken into
+    lines (at spaces, after ", " first) of at most the characters its band holds, upright,
+    none cut short (``labelLimit`` the band's width: a word longer than that is the only thing
+    that would be)."""
+    chars = max(6, int((band_px - 8) // _LABEL_CHAR_PX))
+    cases = []
+    for v in values:
+        lines = label_lines(str(v), chars)
+        if len(lines) > 1:
+            cases.append(f"datum.value === {json.dumps(str(v))} ? {json.dumps(lines)}")
+    expr = " : ".join([*cases, "datum.label"])
+    return alt.Axis(labelAngle=0, labelLimit=int(band_px), labelExpr=expr,
+                    labelBaseline="top", labelLineHeight=12, **axis)
 
 
 @dataclass(frozen=True)
@@ -566,8 +634,11 @@ def ratio_bars(ratios: Iterable[Ratio], title: str, subtitle: Iterable[str] = ()
                        scale=alt.Scale(domain=sources, range=[
                            REFERENCE_FILL if s.startswith("manual") else PALETTE[i % 10]
                            for i, s in enumerate(sources)]))
+    names = list(dict.fromkeys(data["ratio"]))
+    width = int(min(600, max(200, 44 * len(names) * len(sources))))
+    width = max(width, _MIN_BAND_PX * len(names))  # each category's label gets its room
     enc = dict(x=alt.X("ratio:N", title=None, sort=None,
-                       axis=alt.Axis(labelAngle=0, labelLimit=320)),
+                       axis=wrapped_labels(names, width // max(1, len(names)))),
                xOffset=alt.XOffset("source:N", sort=sources),
                tooltip=["ratio", "source", "value", "label"])
     if band is None:
@@ -591,8 +662,7 @@ def ratio_bars(ratios: Iterable[Ratio], title: str, subtitle: Iterable[str] = ()
                       .mark_rect(color="#2ca02c", opacity=0.18).encode(y="low:Q", y2="high:Q"))
         subtitle = [*subtitle, f"green band: {band[0]:g}–{band[1]:g}×, what the claim allows"]
     return alt.layer(*layers).properties(
-        width=int(min(600, max(200, 44 * data["ratio"].nunique() * len(sources)))),
-        height=HEIGHT,
+        width=width, height=HEIGHT,
         title=titled(title, [*subtitle, "grey: the manual's ratio (reference); colours: "
                                         "measured here"]))
 
@@ -872,7 +942,8 @@ def offline_html(chart: alt.TopLevelMixin) -> str:
 __all__ = [
     "Curves", "Ratio", "Saturation", "axis_title", "beside", "curves", "display_label",
     "latency_percentiles", "manual_panel", "offline_html", "overlay", "ratio_bars",
-    "ratio_first", "ref_bars", "ref_text", "save_chart", "save_spec", "scaling", "scaling_ratios",
+    "ratio_first", "ref_bars", "ref_text", "reference_lines", "save_chart", "save_spec",
+    "scaling", "scaling_ratios", "wrapped_labels",
 ]
 
 
