@@ -29,6 +29,7 @@ import altair as alt
 import pandas as pd
 
 from tunebook.core import schema
+from tunebook.core.knobs import KNOBS
 from tunebook.core.manual import RESULT, SETTING, SOURCE, Ref
 from tunebook.inputs import slo
 from tunebook.results import stats
@@ -51,6 +52,7 @@ _TITLES = {
     "max_output_tok_s": "Peak 1-s output throughput (tok/s)",
     "request_throughput_req_s": "Completed requests (req/s)",
     "max_concurrency": "Concurrent users (log2)",
+    "prefix_len": "Shared prefix (tokens)",
     "request_rate": "Offered load (req/s, log2)",
     "replay_speed": "Replay speed (× the trace's own request rate, log2)",
     "request_goodput_req_s": "Goodput: requests that met every bound (req/s)",
@@ -69,7 +71,15 @@ def axis_title(column: str) -> str:
     if m:
         return f"{m[1].upper() if m[1][0] == 'p' else m[1].capitalize()} {m[2].upper()} (ms)"
     doc = {c.name: c.doc for c in schema.COLUMNS}.get(column)
-    return f"{column} ({doc})" if doc else column
+    name = column if column in KNOBS else column.replace("_", " ")  # vLLM's knobs by name
+    return f"{name} ({doc})" if doc else name
+
+
+def _words(column: str) -> str:
+    """A result column named in a sentence: its axis title, lower case, without the unit
+    ("median TPOT", "output throughput, all users")."""
+    title = axis_title(column).split(" (")[0]
+    return title[0].lower() + title[1:] if title[:2] != title[:2].upper() else title
 
 
 def fmt(value, unit: str = "") -> str:
@@ -151,7 +161,8 @@ def _context(df: pd.DataFrame, repeats: str | None) -> list[str]:
         vals = df[col].dropna().unique() if col in df else []
         return str(vals[0]) if len(vals) == 1 else None
 
-    shape = (f"{one('dataset') or 'prompts'} {one('input_len')}→{one('output_len')} tokens"
+    dataset = (one("dataset") or "prompts").replace("_", " ")  # vLLM's name, in words
+    shape = (f"{dataset} {one('input_len')}→{one('output_len')} tokens"
              if one("input_len") and one("output_len") else None)
     parts = [one("hardware"), one("model"), shape, repeats]
     return [" · ".join(p for p in parts if p)]
@@ -223,10 +234,10 @@ class Saturation:
 
     def short_rule(self, x: str) -> str:
         one = "user" if x == "max_concurrency" else x
-        lat = (f" or {self.latency} > {self.max_latency_multiple:g}× its lowest-load value"
-               if self.latency else "")
-        return (f"peak = highest mean {self.throughput}; knee = last load before one more "
-                f"{one} adds < {self.min_marginal_fraction:.0%} of the lowest load's "
+        lat = (f" or {_words(self.latency)} > {self.max_latency_multiple:g}× its "
+               "lowest-load value" if self.latency else "")
+        return (f"peak = highest mean {_words(self.throughput)}; knee = last load before one "
+                f"more {one} adds < {self.min_marginal_fraction:.0%} of the lowest load's "
                 f"per-{one} rate{lat}")
 
 
@@ -697,6 +708,11 @@ def ref_bars(data: pd.DataFrame, x: str, y: str, colour: str, x_title: str,
 # --- engine starts ------------------------------------------------------------------------
 PHASE_COLOURS = ("#9ecae9", "#4c78a8", "#bab0ac", "#54a24b", "#e45756", "#eeca3b", "#b279a2",
                  "#f58518", "#72b7b2")  # one per start_phases.PHASES, in start order
+# each phase as the chart's legend names it (start_phases.PHASES are identifiers)
+PHASE_WORDS = {"api_import": "vLLM import", "engine_core": "engine core start",
+               "worker_init": "device setup", "weights": "weights", "compile": "compile",
+               "profile_kv": "KV cache sizing", "cuda_graphs": "CUDA graphs",
+               "warmup": "warm-up", "api_ready": "API server ready"}
 
 
 def start_phases(frame: pd.DataFrame, title: str = "Where each engine start's time went"
@@ -708,6 +724,8 @@ def start_phases(frame: pd.DataFrame, title: str = "Where each engine start's ti
     data = long_form(frame)
     if data.empty:
         return None
+    shown = [PHASE_WORDS.get(p, p) for p in PHASES]
+    data["phase"] = data["phase"].map(lambda p: PHASE_WORDS.get(p, p))
     starts = frame.reset_index(drop=True)
     names = [f"{i + 1}. {display_label(str(r['engine_label']))}"
              for i, r in starts.iterrows()]
@@ -715,8 +733,8 @@ def start_phases(frame: pd.DataFrame, title: str = "Where each engine start's ti
     y = alt.Y("engine start:N", title=None, sort=names, axis=alt.Axis(labelLimit=320))
     bars = alt.Chart(data).mark_bar(stroke="white", strokeWidth=0.5).encode(
         y=y, x=alt.X("sum(seconds):Q", title="seconds from spawn to /health answering"),
-        color=alt.Color("phase:N", sort=list(PHASES), title="phase",
-                        scale=alt.Scale(domain=list(PHASES), range=list(PHASE_COLOURS)),
+        color=alt.Color("phase:N", sort=shown, title="phase",
+                        scale=alt.Scale(domain=shown, range=list(PHASE_COLOURS)),
                         legend=alt.Legend(orient="bottom", columns=5)),
         order=alt.Order("order:Q"),
         tooltip=["engine start", "phase", alt.Tooltip("seconds:Q", format=".1f"),
