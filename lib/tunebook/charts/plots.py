@@ -770,6 +770,15 @@ def _binding_bound(summary: Mapping[str, Any]) -> tuple[slo.Bound, int, int]:
     return bounds[i], counts[i], sum(1 for p in points if not p.get("meets"))
 
 
+def bound_words(text: str) -> str:
+    """An SLO bound as a chart says it: ``p99_tpot_ms <= 40`` → "P99 TPOT ≤ 40 ms"."""
+    b = slo.Bound.parse(text)
+    unit = axis_title(b.metric).rpartition(" (")[2].rstrip(")") if " (" in axis_title(
+        b.metric) else ""
+    op = {"<=": "≤", ">=": "≥"}.get(b.op, b.op)
+    return f"{_words(b.metric)} {op} {b.value:g}" + (f" {unit}" if unit else "")
+
+
 def slo_points(summary: Mapping[str, Any]) -> alt.LayerChart | None:
     """Every point the search evaluated: the SLO metric that binds (the bound missed most
     often) on x against the objective on y, filled where every bound is met; the bound as a
@@ -826,13 +835,14 @@ def slo_points(summary: Mapping[str, Any]) -> alt.LayerChart | None:
     level = (f"{best['users']:g}× the trace's rate" if summary.get("level") == "speed"
              else f"{best['users']} users") if best else ""
     answer = f"answer: {best['knobs']} at {level}" if best else "no config meets the SLO"
-    why_x = (f"x: {metric}, the bound that binds: {binding} of the {missed} points that miss "
-             "the SLO miss it"
+    why_x = (f"x: {_words(metric)}, the bound that binds: {binding} of the {missed} points "
+             "that miss the SLO miss it"
              if len(summary["slo"]) > 1 else "")
     return alt.layer(*layers).properties(
         width=WIDTH + 80, height=HEIGHT,
         title=titled("SLO search: every evaluated point", [
-            " and ".join(summary["slo"]) + f" (red: {metric}'s bound); dashed: the frontier",
+            " and ".join(map(bound_words, summary["slo"]))
+            + f" (red: {_words(metric)}'s bound); dashed: the frontier",
             *([why_x] if why_x else []), answer, spent]))
 
 
@@ -873,7 +883,7 @@ def slo_configs(summary: Mapping[str, Any]) -> alt.TopLevelMixin | None:
     lo, hi = ((scored_all["score"].min(), scored_all["score"].max()) if len(scored_all)
               else (0.0, 0.0))
     mid = (lo + hi) / 2
-    colour = alt.Color("score:Q", title=objective,
+    colour = alt.Color("score:Q", title=axis_title(objective),
                        scale=alt.Scale(scheme="viridis", domain=[lo, hi]))
     size = {"width": max(WIDTH // 2, 70 * len(order[x_knob])),
             "height": max(120, 40 * len(order.get(y_knob, [""]))) if y_knob else 60}
