@@ -284,7 +284,7 @@ def test_saturation_options(results):
         assert _rows_of(chart, "mark")
     strict = charts.scaling(results, saturation=charts.Saturation(
         latency="p99_tpot_ms", max_latency_multiple=1.5))
-    assert "p99_tpot_ms > 1.5×" in " ".join(_subtitles(strict))
+    assert "P99 TPOT > 1.5×" in " ".join(_subtitles(strict))
     assert "peak" not in json.dumps(_spec(charts.scaling(results)))  # off by default
     failed = results[results.status != "ok"]
     assert "engine_failed" in _data_text(charts.scaling(failed, saturation=True))
@@ -337,7 +337,7 @@ def test_slo_points_put_the_bound_that_binds_on_x():
     x_fields = {layer["encoding"]["x"]["field"] for layer in spec["layer"]
                 if "x" in layer.get("encoding", {})}
     assert x_fields == {"p99_ttft_ms"}
-    assert any("x: p99_ttft_ms, the bound that binds: 2 of the 2 points that miss the SLO "
+    assert any("x: P99 TTFT, the bound that binds: 2 of the 2 points that miss the SLO "
                "miss it" in t
                for t in spec["title"]["subtitle"])
     colour = spec["layer"][0]["encoding"]["color"]

@@ -138,7 +138,7 @@ def test_index_and_compare_commands(capsys: pytest.CaptureFixture[str], tmp_path
     assert "href='overview.html'" in page  # the overview, from the same claims
     over = (tmp_path / "overview.html").read_text()
     assert over.count('data-figure="1.3"') == 2 and over.count("<tr id=") == 26
-    assert 'href="h200/ch01/report.html#Fig-1.3-' in over  # the committed report's heading
+    assert 'href="h200/ch01/report.html#fig-1-3"' in over  # the committed report's anchor
     (tmp_path / "index.html").unlink()
     assert main(["index", "--outputs", str(tmp_path)]) == EXIT_OK  # as the other commands say
     assert (tmp_path / "index.html").read_text() == page

@@ -61,14 +61,17 @@ def test_replotted_report_shows_no_machine_path(replotted: Path) -> None:
 
 def test_a_replot_keeps_one_notebook_and_no_html_copy(replotted: Path) -> None:
     """The replot is `<nb>__<utc>.replot.ipynb`, with no HTML beside it (report.html is the one
-    HTML); the sweep's notebooks stay, and so do an old experiment's HTML copies."""
+    HTML); the sweep's notebooks stay, and so do an old experiment's HTML copies; the committed
+    replot is replaced."""
     committed = REPO / "outputs" / "cpu" / "ch01" / "notebooks"
+    kept = {p.name for p in committed.iterdir() if not p.name.endswith(report.REPLOT + ".ipynb")}
     notebooks = replotted / "ch01" / "notebooks"
-    new = sorted(set(p.name for p in notebooks.iterdir()) - {p.name for p in committed.iterdir()})
+    new = sorted(set(p.name for p in notebooks.iterdir()) - kept)
     assert len(new) == 1 and new[0].startswith("01_engine__") and new[0].endswith(
         ".replot.ipynb"), new
+    assert new[0] not in {p.name for p in committed.iterdir()}
     assert report.latest_notebook(replotted / "ch01").name == new[0]
-    assert {p.name for p in committed.iterdir()} <= {p.name for p in notebooks.iterdir()}
+    assert kept <= {p.name for p in notebooks.iterdir()}
 
 
 def test_a_replot_replaces_the_previous_replot(tmp_path: Path,
@@ -81,8 +84,10 @@ def test_a_replot_replaces_the_previous_replot(tmp_path: Path,
     exp = tmp_path / "h200" / "ch01"
     shutil.copytree(REPO / "outputs" / "h200" / "ch01", exp)
     notebooks = exp / "notebooks"
-    before = sorted(p.name for p in notebooks.iterdir())
-    stored = report.latest_notebook(exp)
+    # the sweeps' notebooks (the committed replot, if any, is replaced by the first replot)
+    before = sorted(p.name for p in notebooks.iterdir() if not p.name.endswith(".replot.ipynb"))
+    stored = tmp_path / "stored.ipynb"  # a copy: the first replot removes a committed replot
+    shutil.copy(report.latest_notebook(exp), stored)
     stops = False
 
     def execute_notebook(src: str, out: str, **_: object) -> None:

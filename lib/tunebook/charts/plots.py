@@ -9,7 +9,8 @@ Conventions, shared by every chart of measured data:
 - on concurrency charts, ``saturation`` marks each curve's throughput peak and latency knee
   (tunebook.results.stats.saturation states both rules);
 - x is concurrent users on a log2 axis; colour is ``engine_label``;
-- the manual's numbers are drawn in grey with dashed outlines and titled "reference".
+- the manual's numbers are shown in words, one line per number with its unit, in grey and
+  titled "reference" (never bars: one figure's numbers carry different units).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import altair as alt
 import pandas as pd
 
 from tunebook.core import schema
+from tunebook.core.knobs import KNOBS
 from tunebook.core.manual import RESULT, SETTING, SOURCE, Ref
 from tunebook.inputs import slo
 from tunebook.results import stats
@@ -49,7 +51,8 @@ _TITLES = {
     "output_tok_s_per_user": "Output throughput per user (tok/s)",
     "max_output_tok_s": "Peak 1-s output throughput (tok/s)",
     "request_throughput_req_s": "Completed requests (req/s)",
-    "max_concurrency": "Concurrent users (max_concurrency, log2)",
+    "max_concurrency": "Concurrent users (log2)",
+    "prefix_len": "Shared prefix (tokens)",
     "request_rate": "Offered load (req/s, log2)",
     "replay_speed": "Replay speed (× the trace's own request rate, log2)",
     "request_goodput_req_s": "Goodput: requests that met every bound (req/s)",
@@ -68,7 +71,15 @@ def axis_title(column: str) -> str:
     if m:
         return f"{m[1].upper() if m[1][0] == 'p' else m[1].capitalize()} {m[2].upper()} (ms)"
     doc = {c.name: c.doc for c in schema.COLUMNS}.get(column)
-    return f"{column} ({doc})" if doc else column
+    name = column if column in KNOBS else column.replace("_", " ")  # vLLM's knobs by name
+    return f"{name} ({doc})" if doc else name
+
+
+def _words(column: str) -> str:
+    """A result column named in a sentence: its axis title, lower case, without the unit
+    ("median TPOT", "output throughput, all users")."""
+    title = axis_title(column).split(" (")[0]
+    return title[0].lower() + title[1:] if title[:2] != title[:2].upper() else title
 
 
 def fmt(value, unit: str = "") -> str:
@@ -150,7 +161,8 @@ def _context(df: pd.DataFrame, repeats: str | None) -> list[str]:
         vals = df[col].dropna().unique() if col in df else []
         return str(vals[0]) if len(vals) == 1 else None
 
-    shape = (f"{one('dataset') or 'prompts'} {one('input_len')}→{one('output_len')} tokens"
+    dataset = (one("dataset") or "prompts").replace("_", " ")  # vLLM's name, in words
+    shape = (f"{dataset} {one('input_len')}→{one('output_len')} tokens"
              if one("input_len") and one("output_len") else None)
     parts = [one("hardware"), one("model"), shape, repeats]
     return [" · ".join(p for p in parts if p)]
@@ -222,10 +234,10 @@ class Saturation:
 
     def short_rule(self, x: str) -> str:
         one = "user" if x == "max_concurrency" else x
-        lat = (f" or {self.latency} > {self.max_latency_multiple:g}× its lowest-load value"
-               if self.latency else "")
-        return (f"peak = highest mean {self.throughput}; knee = last load before one more "
-                f"{one} adds < {self.min_marginal_fraction:.0%} of the lowest load's "
+        lat = (f" or {_words(self.latency)} > {self.max_latency_multiple:g}× its "
+               "lowest-load value" if self.latency else "")
+        return (f"peak = highest mean {_words(self.throughput)}; knee = last load before one "
+                f"more {one} adds < {self.min_marginal_fraction:.0%} of the lowest load's "
                 f"per-{one} rate{lat}")
 
 
@@ -490,44 +502,111 @@ def ref_text(r: Ref) -> str:
     return f"{q}{v}{'×' if r.unit == 'x' else ' ' + r.unit}"
 
 
+def reference_lines(refs: Iterable[Ref], model: str | None = None) -> list[tuple[str, str]]:
+    """The manual's numbers in words, one (what, value) pair per number: the number's meaning
+    as the claims table words it ("total output tok/s at 64 users ÷ at 1 user") and its value
+    with the unit as the manual states it ("8×"); a number measured on another model than the
+    figure's names it. Results first, then the settings they were measured under."""
+    refs = list(refs)
+    out = []
+    for r in [*(r for r in refs if r.kind == RESULT), *(r for r in refs if r.kind == SETTING)]:
+        what = r.meaning
+        if r.model and r.model != model and r.model not in what:
+            what += f" ({r.model})"
+        out.append((what, ref_text(r)))
+    return out
+
+
+PANEL_WIDTH, _LINE_PX, _LINE_CHARS = 320, 15, 54
+
+
 def manual_panel(fig: str, refs: Iterable[Ref], claim: str, note: str | None,
                  hardware: str | None, model: str) -> alt.LayerChart:
-    """The manual's numbers for one figure as labelled rows; grey dashed bars compare the
-    numbers that share a unit (bar length is relative within the unit, so no axis)."""
+    """The manual's numbers for one figure in words, as a short table in grey italics: one
+    line "<what>: <value> <unit>" per number (``reference_lines``), the conditions they were
+    measured under after "measured under:", the machine and model in the title. Text, not
+    bars: the numbers of one figure carry different units, and no axis compares them."""
     refs = list(refs)
-    data = pd.DataFrame([{"ref": r.name, "value": r.value, "unit": r.unit, "meaning": r.meaning,
-                          "qualifier": r.qualifier, "kind": r.kind, "source": SOURCE}
-                         for r in refs],
-                        columns=["ref", "value", "unit", "meaning", "qualifier", "kind",
-                                 "source"])
-    data["label"] = [("setting: " if r.kind == SETTING else "") + _QUALIFIER[r.qualifier]
-                     + fmt(r.value, r.unit) for r in refs]
-    per_unit = data[data.kind == RESULT].groupby("unit")["value"]
-    count = per_unit.transform("count").reindex(data.index)  # NaN for settings
-    share = (data["value"] / per_unit.transform("max")).reindex(data.index)
-    data["bar"] = share.where(count > 1, 0.0)  # a bar only where two results share a unit
-    if data.empty:
-        data = pd.DataFrame({"ref": ["(no numbers)"], "label": ["this figure states no numbers"],
-                             "bar": [0.0], "source": [SOURCE]})
-    y = alt.Y("ref:N", sort=None, title=None, axis=alt.Axis(labelLimit=260))
-    x = alt.X("bar:Q", axis=None, scale=alt.Scale(domain=[0, 1.8]))
-    tips = [c for c in ("ref", "value", "unit", "qualifier", "kind", "meaning", "source")
-            if c in data.columns]
-    base = alt.Chart(data).encode(y=y, x=x, tooltip=tips)
-    bars = base.mark_bar(fill=REFERENCE_FILL, stroke=REFERENCE_STROKE, strokeDash=[3, 2],
-                         strokeWidth=1, height=14)
-    text = base.mark_text(align="left", dx=5, fontStyle="italic", color=REFERENCE_STROKE
-                          ).encode(text="label:N")
+    results = [r for r in refs if r.kind == RESULT]
+    rows: list[dict[str, Any]] = []
+    y = 6  # below the subtitle
+
+    def add(text: str, r: Ref | None, head: bool = False) -> None:
+        nonlocal y
+        for i, line in enumerate(wrap(text, _LINE_CHARS) or [""]):
+            rows.append({"line": ("   " if i and not head else "") + line, "y": y,
+                         "head": head, "ref": r.name if r else None,
+                         "value": r.value if r else None, "unit": r.unit if r else None,
+                         "meaning": r.meaning if r else None,
+                         "kind": r.kind if r else None, "source": SOURCE})
+            y += _LINE_PX
+
+    lines = reference_lines(refs, model)
+    for r, (what, value) in zip([*results, *(r for r in refs if r.kind == SETTING)], lines,
+                                strict=True):
+        if r.kind == SETTING and (not rows or not any(x["kind"] == SETTING for x in rows)):
+            if rows:
+                y += 4
+            add("measured under:", None, head=True)
+        add(f"{what}: {value}", r)
+    if not rows:
+        add("this figure states no numbers", None)
+    data = pd.DataFrame(rows)
+    tips = ["meaning", "value", "unit", "kind", "ref", "source"]
+    enc = dict(x=alt.value(0), y=alt.Y("y:Q", scale=None, axis=None), text="line:N")
+    body = alt.Chart(data[~data["head"]]).mark_text(
+        align="left", baseline="top", fontSize=11, fontStyle="italic", color="#333"
+    ).encode(tooltip=tips, **enc)
+    layers = [body]
+    if data["head"].any():
+        layers.append(alt.Chart(data[data["head"]]).mark_text(
+            align="left", baseline="top", fontSize=11, color=REFERENCE_STROKE).encode(**enc))
     subtitle = [*wrap(claim), *(wrap(note) if note else []), SOURCE]
     title = (f"vLLM manual Fig {fig} — reference ({hardware or 'machine not named'}, "
              f"{model})")
-    return alt.layer(bars, text).properties(width=260, height=alt.Step(24),
-                                            title=titled(title, subtitle))
+    return alt.layer(*layers).properties(
+        width=PANEL_WIDTH, height=y, view=alt.ViewBackground(stroke=None),
+        title=titled(title, subtitle))
 
 
 def beside(measured: alt.TopLevelMixin, panel: alt.TopLevelMixin) -> alt.HConcatChart:
     """A measured chart with the manual's reference panel on its right."""
     return alt.hconcat(measured, panel, spacing=40).resolve_scale(color="independent")
+
+
+# Category labels under bars: each wrapped into lines that fit its band. Vega's default axis
+# labels are 10 px sans-serif, whose widest common glyphs average under 6.5 px.
+_LABEL_CHAR_PX, _MIN_BAND_PX = 6.5, 90
+
+
+def label_lines(text: str, chars: int) -> list[str]:
+    """``text`` in lines of at most ``chars`` characters: its comma-separated parts kept
+    whole on a line where they fit (the comma ends the line), else wrapped at spaces."""
+    lines: list[str] = []
+    parts = text.split(", ")
+    for i, part in enumerate(parts):
+        piece = part + ("," if i < len(parts) - 1 else "")
+        if lines and lines[-1].endswith(",") and len(lines[-1]) + 1 + len(piece) <= chars:
+            lines[-1] += " " + piece
+        else:
+            lines += wrap(piece, chars) or [piece]
+    return lines
+
+
+def wrapped_labels(values: Iterable[Any], band_px: float, **axis: Any) -> alt.Axis:
+    """A horizontal axis of categories whose labels never collide: each label broken into
+    lines (at spaces, after ", " first) of at most the characters its band holds, upright,
+    none cut short (``labelLimit`` the band's width: a word longer than that is the only thing
+    that would be)."""
+    chars = max(6, int((band_px - 8) // _LABEL_CHAR_PX))
+    cases = []
+    for v in values:
+        lines = label_lines(str(v), chars)
+        if len(lines) > 1:
+            cases.append(f"datum.value === {json.dumps(str(v))} ? {json.dumps(lines)}")
+    expr = " : ".join([*cases, "datum.label"])
+    return alt.Axis(labelAngle=0, labelLimit=int(band_px), labelExpr=expr,
+                    labelBaseline="top", labelLineHeight=12, **axis)
 
 
 @dataclass(frozen=True)
@@ -566,8 +645,11 @@ def ratio_bars(ratios: Iterable[Ratio], title: str, subtitle: Iterable[str] = ()
                        scale=alt.Scale(domain=sources, range=[
                            REFERENCE_FILL if s.startswith("manual") else PALETTE[i % 10]
                            for i, s in enumerate(sources)]))
+    names = list(dict.fromkeys(data["ratio"]))
+    width = int(min(600, max(200, 44 * len(names) * len(sources))))
+    width = max(width, _MIN_BAND_PX * len(names))  # each category's label gets its room
     enc = dict(x=alt.X("ratio:N", title=None, sort=None,
-                       axis=alt.Axis(labelAngle=0, labelLimit=320)),
+                       axis=wrapped_labels(names, width // max(1, len(names)))),
                xOffset=alt.XOffset("source:N", sort=sources),
                tooltip=["ratio", "source", "value", "label"])
     if band is None:
@@ -591,8 +673,7 @@ def ratio_bars(ratios: Iterable[Ratio], title: str, subtitle: Iterable[str] = ()
                       .mark_rect(color="#2ca02c", opacity=0.18).encode(y="low:Q", y2="high:Q"))
         subtitle = [*subtitle, f"green band: {band[0]:g}–{band[1]:g}×, what the claim allows"]
     return alt.layer(*layers).properties(
-        width=int(min(600, max(200, 44 * data["ratio"].nunique() * len(sources)))),
-        height=HEIGHT,
+        width=width, height=HEIGHT,
         title=titled(title, [*subtitle, "grey: the manual's ratio (reference); colours: "
                                         "measured here"]))
 
@@ -627,6 +708,11 @@ def ref_bars(data: pd.DataFrame, x: str, y: str, colour: str, x_title: str,
 # --- engine starts ------------------------------------------------------------------------
 PHASE_COLOURS = ("#9ecae9", "#4c78a8", "#bab0ac", "#54a24b", "#e45756", "#eeca3b", "#b279a2",
                  "#f58518", "#72b7b2")  # one per start_phases.PHASES, in start order
+# each phase as the chart's legend names it (start_phases.PHASES are identifiers)
+PHASE_WORDS = {"api_import": "vLLM import", "engine_core": "engine core start",
+               "worker_init": "device setup", "weights": "weights", "compile": "compile",
+               "profile_kv": "KV cache sizing", "cuda_graphs": "CUDA graphs",
+               "warmup": "warm-up", "api_ready": "API server ready"}
 
 
 def start_phases(frame: pd.DataFrame, title: str = "Where each engine start's time went"
@@ -638,6 +724,8 @@ def start_phases(frame: pd.DataFrame, title: str = "Where each engine start's ti
     data = long_form(frame)
     if data.empty:
         return None
+    shown = [PHASE_WORDS.get(p, p) for p in PHASES]
+    data["phase"] = data["phase"].map(lambda p: PHASE_WORDS.get(p, p))
     starts = frame.reset_index(drop=True)
     names = [f"{i + 1}. {display_label(str(r['engine_label']))}"
              for i, r in starts.iterrows()]
@@ -645,8 +733,8 @@ def start_phases(frame: pd.DataFrame, title: str = "Where each engine start's ti
     y = alt.Y("engine start:N", title=None, sort=names, axis=alt.Axis(labelLimit=320))
     bars = alt.Chart(data).mark_bar(stroke="white", strokeWidth=0.5).encode(
         y=y, x=alt.X("sum(seconds):Q", title="seconds from spawn to /health answering"),
-        color=alt.Color("phase:N", sort=list(PHASES), title="phase",
-                        scale=alt.Scale(domain=list(PHASES), range=list(PHASE_COLOURS)),
+        color=alt.Color("phase:N", sort=shown, title="phase",
+                        scale=alt.Scale(domain=shown, range=list(PHASE_COLOURS)),
                         legend=alt.Legend(orient="bottom", columns=5)),
         order=alt.Order("order:Q"),
         tooltip=["engine start", "phase", alt.Tooltip("seconds:Q", format=".1f"),
@@ -680,6 +768,15 @@ def _binding_bound(summary: Mapping[str, Any]) -> tuple[slo.Bound, int, int]:
               for b in bounds]
     i = max(range(len(bounds)), key=lambda j: (counts[j], -j))
     return bounds[i], counts[i], sum(1 for p in points if not p.get("meets"))
+
+
+def bound_words(text: str) -> str:
+    """An SLO bound as a chart says it: ``p99_tpot_ms <= 40`` → "P99 TPOT ≤ 40 ms"."""
+    b = slo.Bound.parse(text)
+    unit = axis_title(b.metric).rpartition(" (")[2].rstrip(")") if " (" in axis_title(
+        b.metric) else ""
+    op = {"<=": "≤", ">=": "≥"}.get(b.op, b.op)
+    return f"{_words(b.metric)} {op} {b.value:g}" + (f" {unit}" if unit else "")
 
 
 def slo_points(summary: Mapping[str, Any]) -> alt.LayerChart | None:
@@ -738,13 +835,14 @@ def slo_points(summary: Mapping[str, Any]) -> alt.LayerChart | None:
     level = (f"{best['users']:g}× the trace's rate" if summary.get("level") == "speed"
              else f"{best['users']} users") if best else ""
     answer = f"answer: {best['knobs']} at {level}" if best else "no config meets the SLO"
-    why_x = (f"x: {metric}, the bound that binds: {binding} of the {missed} points that miss "
-             "the SLO miss it"
+    why_x = (f"x: {_words(metric)}, the bound that binds: {binding} of the {missed} points "
+             "that miss the SLO miss it"
              if len(summary["slo"]) > 1 else "")
     return alt.layer(*layers).properties(
         width=WIDTH + 80, height=HEIGHT,
         title=titled("SLO search: every evaluated point", [
-            " and ".join(summary["slo"]) + f" (red: {metric}'s bound); dashed: the frontier",
+            " and ".join(map(bound_words, summary["slo"]))
+            + f" (red: {_words(metric)}'s bound); dashed: the frontier",
             *([why_x] if why_x else []), answer, spent]))
 
 
@@ -785,7 +883,7 @@ def slo_configs(summary: Mapping[str, Any]) -> alt.TopLevelMixin | None:
     lo, hi = ((scored_all["score"].min(), scored_all["score"].max()) if len(scored_all)
               else (0.0, 0.0))
     mid = (lo + hi) / 2
-    colour = alt.Color("score:Q", title=objective,
+    colour = alt.Color("score:Q", title=axis_title(objective),
                        scale=alt.Scale(scheme="viridis", domain=[lo, hi]))
     size = {"width": max(WIDTH // 2, 70 * len(order[x_knob])),
             "height": max(120, 40 * len(order.get(y_knob, [""]))) if y_knob else 60}
@@ -872,7 +970,8 @@ def offline_html(chart: alt.TopLevelMixin) -> str:
 __all__ = [
     "Curves", "Ratio", "Saturation", "axis_title", "beside", "curves", "display_label",
     "latency_percentiles", "manual_panel", "offline_html", "overlay", "ratio_bars",
-    "ratio_first", "ref_bars", "ref_text", "save_chart", "save_spec", "scaling", "scaling_ratios",
+    "ratio_first", "ref_bars", "ref_text", "reference_lines", "save_chart", "save_spec",
+    "scaling", "scaling_ratios", "wrapped_labels",
 ]
 
 

@@ -130,7 +130,7 @@ class KvBytesPerToken(FigureUnit):
                                      + d["kv_cache_dtype"].astype(str) + " · " + d["source"])
         return charts.ref_bars(data, "kib_per_token", "row", "source",
                                "KiB of KV cache per token", "KV cache per token (Fig 2.1)",
-                               ["formula: 2 × layers × KV heads × head_dim × dtype bytes "
+                               ["formula: 2 × layers × KV heads × head dimension × dtype bytes "
                                 "(config.json); engine: KV GiB ÷ pool tokens", SOURCE],
                                fmt=",.4~g")
 

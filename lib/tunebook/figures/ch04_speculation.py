@@ -63,6 +63,8 @@ EAGER_SLOWDOWN_FACTOR = 2.0
 CHEAP_DRAFT = 0.1
 COPY_DATASET = "code_edit"  # the answer repeats the prompt (tunebook.models.prompts)
 FRESH_DATASET = "fresh_text"  # the answer does not
+# how a chart names them (a dataset's name is an identifier a reader would have to decode)
+DATASET_WORDS = {COPY_DATASET: "code edits", FRESH_DATASET: "fresh answers"}
 
 
 # --- rows --------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from tunebook.core.files import open_stored, read_stored
 from tunebook.core.manual import result, setting
 from tunebook.figures.ch04_speculation import (
     COPY_DATASET,
+    DATASET_WORDS,
     DUMMY_NOTE,
     acceptance_by_pos,
     frame,
@@ -603,7 +604,8 @@ class TokensPerTargetPass(FigureUnit):
         t = self.table(ev)
         if t.empty:
             return None
-        t = t.assign(config=[f"{charts.display_label(lbl)} · {ds} · {u} user(s)"
+        t = t.assign(config=[f"{charts.display_label(lbl)} · {DATASET_WORDS.get(ds, ds)} · "
+                             f"{u} user(s)"
                              + ("" if w == "real" else " · DUMMY WEIGHTS")
                              for lbl, ds, u, w in zip(t.engine_label, t.dataset, t.users,
                                                       t.weights, strict=True)])

@@ -126,7 +126,8 @@ class FigureUnit:
 
     def manual_text(self) -> str:
         """The manual's numbers in a line, with the machine they came from."""
-        parts = [f"{r.meaning}: {charts.ref_text(r)}" for r in self.results]
+        parts = [f"{what}: {value}"
+                 for what, value in charts.reference_lines(self.results, self.model)]
         where = self.hardware or "machine not named"
         return "; ".join(parts) + f" ({where}, {self.model})" if parts else f"({where})"
 

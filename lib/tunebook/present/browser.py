@@ -125,3 +125,109 @@ def print_pdf(page: Path | str, out: Path | str, settle_s: float = 0.5) -> Path:
             "printBackground": True, "displayHeaderFooter": False,
             "preferCSSPageSize": True})
     return replace_atomic(Path(out), base64.b64decode(pdf["data"]))
+
+
+# --- axis labels that collide or are cut off ------------------------------------------------
+# For each <svg> on the page: every axis's label texts (Vega's `role-axis-label` group), each
+# as the four corners of its box in page coordinates (a rotated label's box turns with it);
+# a pair of labels of one axis whose boxes intersect (separating-axis test) is an overlap, a
+# label whose box leaves its SVG's box is cut off. `tol` px of touching is allowed (glyph boxes
+# include the font's ascent and descent, wider than the ink).
+_LABELS_JS = """
+const tol = arguments[0];
+function corners(t) {
+  const b = t.getBBox(), m = t.getScreenCTM();
+  return [[b.x, b.y], [b.x + b.width, b.y], [b.x + b.width, b.y + b.height],
+          [b.x, b.y + b.height]].map(([x, y]) => [m.a * x + m.c * y + m.e,
+                                                  m.b * x + m.d * y + m.f]);
+}
+function shrink(q, by) {  // each corner moved `by` px towards the box's centre
+  const cx = q.reduce((s, p) => s + p[0], 0) / 4, cy = q.reduce((s, p) => s + p[1], 0) / 4;
+  return q.map(([x, y]) => {
+    const dx = cx - x, dy = cy - y, d = Math.hypot(dx, dy) || 1;
+    return [x + dx / d * Math.min(by, d), y + dy / d * Math.min(by, d)];
+  });
+}
+function apart(a, b) {  // separating axis theorem on two convex quadrilaterals
+  for (const q of [a, b]) {
+    for (let i = 0; i < 4; i++) {
+      const p1 = q[i], p2 = q[(i + 1) % 4];
+      const nx = p2[1] - p1[1], ny = p1[0] - p2[0];
+      const pa = a.map(p => p[0] * nx + p[1] * ny), pb = b.map(p => p[0] * nx + p[1] * ny);
+      if (Math.max(...pa) <= Math.min(...pb) || Math.max(...pb) <= Math.min(...pa)) return true;
+    }
+  }
+  return false;
+}
+const out = [];
+document.querySelectorAll('svg').forEach((svg, si) => {
+  if (svg.parentElement && svg.parentElement.closest('svg')) return;
+  const box = svg.getBoundingClientRect();
+  const name = svg.getAttribute('data-name') || String(si);
+  svg.querySelectorAll('g.role-axis-label').forEach((axis, ai) => {
+    const labels = [...axis.querySelectorAll('text')]
+      .filter(t => t.textContent.trim() && t.getAttribute('opacity') !== '0')
+      .map(t => ({text: t.textContent, q: corners(t)}));
+    for (const l of labels) {
+      const xs = l.q.map(p => p[0]), ys = l.q.map(p => p[1]);
+      if (Math.min(...xs) < box.left - tol || Math.max(...xs) > box.right + tol
+          || Math.min(...ys) < box.top - tol || Math.max(...ys) > box.bottom + tol)
+        out.push({chart: name, axis: ai, kind: 'cut off', labels: [l.text]});
+    }
+    for (let i = 0; i < labels.length; i++)
+      for (let j = i + 1; j < labels.length; j++)
+        if (!apart(shrink(labels[i].q, tol), shrink(labels[j].q, tol)))
+          out.push({chart: name, axis: ai, kind: 'overlap',
+                    labels: [labels[i].text, labels[j].text]});
+  });
+});
+return out;
+"""
+
+
+@dataclass(frozen=True)
+class LabelProblem:
+    chart: str  # the chart's name on the page (its data-name, else its position)
+    axis: int  # which axis of that chart (its position among the chart's axes)
+    kind: str  # "overlap" or "cut off"
+    labels: tuple[str, ...]  # the label(s) concerned
+
+    def __str__(self) -> str:
+        return f"{self.chart}, axis {self.axis}: {self.kind}: " + " / ".join(
+            repr(t) for t in self.labels)
+
+
+def report_svgs(html: str) -> list[str]:
+    """The SVG images of a rendered report (inline ``data:image/svg+xml`` images), decoded."""
+    import base64
+    import re
+    from urllib.parse import unquote
+
+    out = []
+    for m in re.finditer(r'src="data:image/svg\+xml(;base64)?,([^"]+)"', html):
+        data = base64.b64decode(m[2]).decode("utf-8") if m[1] else unquote(m[2])
+        if "role-axis" in data:  # a chart (icons and other images have no axes)
+            out.append(data)
+    return out
+
+
+def label_problems(drv: Any, svgs: dict[str, str], workdir: Path,
+                   tol: float = 1.0) -> list[LabelProblem]:
+    """Axis labels that overlap another label of their axis, or leave their chart, in each
+    SVG of ``svgs`` (name -> SVG markup) as Chromium lays them out: all on one page written
+    to ``workdir``, each SVG at its own size."""
+    import html as html_lib
+    import re
+
+    parts = []
+    for name, svg in svgs.items():
+        svg = re.sub(r"<\?xml[^>]*>", "", svg)
+        svg = svg.replace("<svg ", f'<svg data-name="{html_lib.escape(name)}" ', 1)
+        parts.append(f'<div style="margin:8px 0">{svg}</div>')
+    page = Path(workdir) / "labels.html"
+    page.write_text("<!doctype html><html><head><meta charset='utf-8'></head><body>"
+                    + "\n".join(parts) + "</body></html>", encoding="utf-8")
+    drv.get(page.resolve().as_uri())
+    found = drv.execute_script(_LABELS_JS, tol)
+    return [LabelProblem(p["chart"], int(p["axis"]), p["kind"], tuple(p["labels"]))
+            for p in found]
