@@ -150,8 +150,11 @@ class SymptomToFix(FigureUnit):
         grid_df = pd.DataFrame(cells, columns=["symptom", "experiment", "runs", "induced",
                                                "evidence", "run_id"])
         y = alt.Y("symptom:N", sort=symptoms, title=None, axis=alt.Axis(labelLimit=320))
+        # slanted: names longer than a column (ch05-peer-faults beside ch05-peer) collided
+        # level; at -35° two neighbours stand 56 px × sin 35° ≈ 32 px apart, past a line's height
         x = alt.X("experiment:N", sort=exps, title=f"experiments stored in "
-                  f"{stored.root.name or 'outputs'}/", axis=alt.Axis(labelAngle=0))
+                  f"{stored.root.name or 'outputs'}/",
+                  axis=alt.Axis(labelAngle=-35, labelAlign="right", labelLimit=200))
         base = alt.Chart(grid_df).encode(x=x, y=y, tooltip=["symptom", "experiment", "runs",
                                                             "induced", "run_id", "evidence"])
         rect = base.mark_rect(stroke="#212121").encode(
