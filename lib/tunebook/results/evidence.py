@@ -59,8 +59,9 @@ class Evidence:
 
     root: Path
     df: pd.DataFrame  # latest attempt per run (Store.table())
-    records: list[dict[str, Any]]  # the run JSON files, without their per-request arrays
-    # (most figures never look at them): `requests(rec)` reads a run's
+    # the run JSON files, without their per-request arrays (most figures never look at them):
+    # `requests(rec)` reads a run's arrays when a figure needs them
+    records: list[dict[str, Any]]
     params: dict[str, Any] = field(default_factory=dict)  # the last params the sweep ran
     # where the last sweep ran (inputs/machine__*.json: tunebook.core.hardware.machine() and the
     # GPU topology); what an experiment without rows (figures only) knows of its machine
