@@ -10,16 +10,21 @@ favour neither), the wall time of
   records without arrays, and the verdict of each figure its params target),
 
 and the ratio of the medians, compact ÷ inline (below 1: compact reads faster). Starts no
-engine; the committed experiment is only read.
+engine; the committed experiment is only read. Where it is committed compact already, the
+inline copy is the experiment as an older commit holds it (``--inline-from``: outputs/ were
+inline at 6c87529), and the compact copy is the working tree's.
 
-    .venv/bin/python benchmarks/read_store.py [EXPERIMENT] [--rounds 5]
+    .venv/bin/python benchmarks/read_store.py [EXPERIMENT] [--rounds 5] [--inline-from 6c87529]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import shutil
 import statistics
+import subprocess
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable
@@ -48,13 +53,29 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("experiment", type=Path, nargs="?", default=DEFAULT)
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds (at least 3)")
+    ap.add_argument("--inline-from", metavar="COMMIT",
+                    help="take the inline copy from this commit's outputs/ (git archive)")
     args = ap.parse_args()
     if args.rounds < 3:
         ap.error("--rounds: at least 3")
+    exp = args.experiment.resolve()
     with tempfile.TemporaryDirectory(prefix="tunebook-read-store-") as tmp:
-        forms = {form: Path(shutil.copytree(args.experiment,
-                                            Path(tmp) / form / args.experiment.name))
-                 for form in ("inline", "compact")}
+        forms = {form: Path(tmp) / form / exp.name for form in ("inline", "compact")}
+        if args.inline_from:
+            rel = exp.relative_to(ROOT)
+            tar = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar",
+                                  args.inline_from, str(rel)],
+                                 check=True, capture_output=True).stdout
+            with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+                t.extractall(Path(tmp) / "git", filter="data")
+            shutil.move(Path(tmp) / "git" / rel, forms["inline"])
+        else:
+            shutil.copytree(exp, forms["inline"])
+        shutil.copytree(exp, forms["compact"])
+        if any(p.name.endswith(compact.REQUESTS_SUFFIX)
+               for p in (forms["inline"] / "runs").iterdir()):
+            ap.error(f"{exp} is stored compact already: name a commit that held it inline "
+                     "(--inline-from 6c87529)")
         converted = compact.convert_experiment(forms["compact"])
         print(converted.text())
         assert not converted.problems, converted.problems

@@ -67,6 +67,26 @@ def test_comparison_page_draws_offline(drv, experiments: Path, tmp_path: Path) -
     assert r.remote == [] and r.svgs + r.canvases >= 1, r
 
 
+def test_slimmed_report_looks_the_same(drv, experiments: Path, tmp_path: Path) -> None:
+    """Issue 34: report.html without the CSS its markup cannot use (slim_css, ~245 KB of the
+    lab template's ~265 KB) is the same page, pixel for pixel, as with all of it."""
+    exp = experiments / "cpu" / "ch01"
+    full = report.to_html(report.latest_notebook(exp), tmp_path / "full.html", slim=False)
+    slim = exp / "report.html"
+    assert slim.stat().st_size < full.stat().st_size - 200_000
+    drv.get(full.as_uri())
+    height = drv.execute_script("return document.documentElement.scrollHeight")
+    drv.set_window_size(1400, height)
+    try:
+        shots = []
+        for page in (full, slim):
+            browser.rendered(drv, page)  # loaded and settled
+            shots.append(drv.get_screenshot_as_png())
+        assert shots[0] == shots[1]
+    finally:
+        drv.set_window_size(1400, 1000)
+
+
 def test_index_links_open(drv, experiments: Path) -> None:
     drv.get((experiments / "index.html").as_uri())
     links = [a.get_attribute("href") for a in drv.find_elements("css selector", "a")]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tunebook.core import config
+from tunebook.present import slim_css
 from tunebook.results.store import replace_atomic, stamp
 
 _SECRET_RE = re.compile(r"(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9]{20,})")
@@ -46,14 +47,17 @@ def _svg(spec: dict[str, Any]) -> str | None:
 def _svg_and_spec(spec: dict[str, Any], **_: Any) -> dict[str, Any]:
     bundle: dict[str, Any] = {VEGALITE_MIME: spec,
                               "text/plain": "<altair chart: see the SVG / interactive view>"}
-    svg = _svg(spec)
+    # In a notebook `execute` runs (batch) the spec alone is saved: `to_html` draws the SVG
+    # into report.html, so the saved notebook does not carry a second copy of every chart.
+    svg = None if config.batch() else _svg(spec)
     if svg:
         bundle["image/svg+xml"] = svg
     return bundle
 
 
 def enable_offline_charts() -> None:
-    """Make every displayed Altair chart carry a static SVG (works in offline HTML)."""
+    """Make every displayed Altair chart carry a static SVG (works in offline HTML); in a
+    batch run (`execute`), its Vega-Lite spec only, drawn as SVG by `to_html`."""
     import altair as alt
 
     alt.renderers.register("tunebook", _svg_and_spec)
@@ -134,10 +138,12 @@ def tidy_file(ipynb: Path) -> Path:
     return ipynb
 
 
-def to_html(ipynb: Path, html: Path | None = None, *, no_input: bool = False) -> Path:
+def to_html(ipynb: Path, html: Path | None = None, *, no_input: bool = False,
+            slim: bool = True) -> Path:
     """The experiment's one self-contained HTML report, `report.html`, rendered from an
     executed notebook under its `notebooks/` (or written to ``html``). ``no_input``: code
-    cells hidden, for readers who want the figures and verdicts only."""
+    cells hidden, for readers who want the figures and verdicts only. ``slim``: without the
+    CSS the page cannot use (tunebook.present.slim_css; ~245 KB of a ~265 KB stylesheet)."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -155,9 +161,63 @@ def to_html(ipynb: Path, html: Path | None = None, *, no_input: bool = False) ->
                             exclude_input_prompt=no_input, exclude_output_prompt=no_input)
     body, _ = exporter.from_notebook_node(nb)
     body = _SECRET_RE.sub("***", scrub_paths(figure_anchors(_offline(body)), mapping))
+    if slim:
+        body = slim_css.slim_page(body)
     html = html or report_path(ipynb.parent.parent)
     replace_atomic(html, body.encode())
     return html
+
+
+def slim_report(html: Path) -> int:
+    """Slim a rendered report in place (`slim_css.slim_page`, as `to_html` renders now);
+    the bytes it lost (0: left as it was)."""
+    before = html.read_bytes()
+    after = slim_css.slim_page(before.decode("utf-8")).encode("utf-8")
+    if len(after) >= len(before):
+        return 0
+    replace_atomic(html, after)
+    return len(before) - len(after)
+
+
+_GRADIENT_ID = re.compile(r"\bgradient_\d+\b")
+
+
+def same_svg(a: str, b: str) -> bool:
+    """Two SVG drawings of a chart the same byte for byte, but for the numbers of their
+    gradients' ids: vega counts them per process (gradient_0, gradient_1, … for each chart
+    drawn), and each id is local to its own SVG image."""
+    def renumber(svg: str) -> str:
+        ids: dict[str, str] = {}
+        return _GRADIENT_ID.sub(lambda m: ids.setdefault(m[0], f"gradient_{len(ids)}"), svg)
+
+    return a == b or renumber(a) == renumber(b)
+
+
+def drop_chart_copies(ipynb: Path) -> int:
+    """Drop from a saved notebook each chart's SVG copy that its Vega-Lite spec redraws byte
+    for byte with the installed vl-convert (`same_svg`; `to_html` draws it so for the report);
+    a copy the spec no longer redraws exactly (other fonts, another vl-convert) is kept.
+    Returns the number of bytes the notebook file lost (0: left as it was)."""
+    import nbformat
+
+    before = ipynb.read_bytes()
+    nb = nbformat.reads(before.decode(), as_version=4)
+    dropped = 0
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            data = o.get("data", {})
+            svg = data.get("image/svg+xml")
+            if VEGALITE_MIME in data and svg is not None:
+                svg = "".join(svg) if isinstance(svg, list) else svg
+                redrawn = _svg(data[VEGALITE_MIME])
+                if redrawn is not None and same_svg(redrawn, svg):
+                    del data["image/svg+xml"]
+                    dropped += 1
+    if not dropped:
+        return 0
+    after = nbformat.writes(nb).encode()
+    replace_atomic(ipynb, after)
+    return len(before) - len(after)
 
 
 # A figure's section heading as nbconvert writes it: its id is made from the heading's words
