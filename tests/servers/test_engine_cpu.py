@@ -8,6 +8,7 @@ run on the session's shared engine (the same engine config: no second start).
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from conftest import FAKE_HF_TOKEN, SharedEngine
@@ -46,9 +49,19 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out / "quickstart"
 
 
+def _plain(p: Path) -> bytes:
+    """What a reader of the file sees: a gzipped log unzipped, a Parquet file's values (its
+    zstd pages hide a string from a byte search), anything else as it is."""
+    data = p.read_bytes()
+    if p.name.endswith(".gz"):
+        return gzip.decompress(data)
+    if p.name.endswith(".parquet"):
+        return data + json.dumps(pq.read_table(p).to_pylist(), default=str).encode()
+    return data
+
+
 def _files_containing(root: Path, needle: str) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file()
-            and needle.encode() in p.read_bytes()]
+    return [p for p in root.rglob("*") if p.is_file() and needle.encode() in _plain(p)]
 
 
 def _records(exp: Path) -> list[dict]:
@@ -147,6 +160,12 @@ def test_resume_skips_finished(quickstart: Path, tmp_path: Path,
     assert keeper.engine is engine and not _files_containing(exp, engine.api_key)
 
 
-def test_no_secret_in_outputs(quickstart: Path) -> None:
+def test_no_secret_in_outputs(quickstart: Path, tmp_path: Path) -> None:
+    probe = tmp_path / "r.requests.parquet"  # the search sees inside zstd Parquet and gzip
+    pq.write_table(pa.table({"generated_texts": [f"x {FAKE_HF_TOKEN} y"]}), probe,
+                   compression="zstd")
+    (tmp_path / "e.log.gz").write_bytes(gzip.compress(FAKE_HF_TOKEN.encode()))
+    assert sorted(p.name for p in _files_containing(tmp_path, FAKE_HF_TOKEN)) == [
+        "e.log.gz", "r.requests.parquet"]
     assert not _files_containing(quickstart, FAKE_HF_TOKEN)
     assert not _files_containing(quickstart, "VLLM_API_KEY=")
