@@ -5,8 +5,7 @@ what a reader types into vLLM).
 
 Checked on the Vega-Lite specs themselves (no rendering): those the figure code draws today
 from each committed experiment's stored rows, and those saved in the committed executed
-notebooks (the latest one per experiment), where reports rendered before the fix are listed as
-stale until they are re-rendered."""
+notebooks (the latest one per experiment)."""
 
 from __future__ import annotations
 
@@ -161,15 +160,8 @@ def test_the_figures_of_each_committed_experiment_name_no_identifier(exp: str) -
     assert found == [], "\n".join(found)
 
 
-# Committed reports rendered before issue 35's labels: their saved charts still show the
-# manual's reference numbers as bars labelled by their keys, the engine-start phases by their
-# identifiers (and a few raw column and dataset names). Only the reports whose axis labels
-# collided were re-rendered (cpu/ch01, cpu/ch03, h200/ch01, h200/ch03: the diff a re-render
-# adds is ~1 MB each). Re-rendering one (`tunebook run PARAMS --outputs outputs/<machine>
-# --replot -q`) takes it off this list; the test fails until it is taken off.
-STALE = {  # the SLO benches' notebooks (benchmarks/slo_bench.py): replotted with their next run
-    "h200/slo-fp8-bench/slo-grid", "h200/slo-space3-bench/slo-search",
-}
+# Every committed report was re-rendered after issue 35's labels (`tunebook run PARAMS --outputs
+# outputs/<machine> --replot -q`; the SLO benches' last, from the params in their inputs/).
 
 
 def _saved_specs(exp: str) -> Iterator[dict[str, Any]]:
@@ -184,7 +176,4 @@ def _saved_specs(exp: str) -> Iterator[dict[str, Any]]:
 @pytest.mark.parametrize("exp", EXPERIMENTS)
 def test_the_charts_of_each_committed_report_name_no_identifier(exp: str) -> None:
     found = [i for spec in _saved_specs(exp) for i in identifiers(spec)]
-    if exp in STALE:
-        assert found, f"{exp} names no identifier any more: take it off STALE"
-        pytest.xfail(f"{exp}: rendered before issue 35 ({len(found)} identifiers)")
     assert found == [], "\n".join(found)

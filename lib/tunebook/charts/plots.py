@@ -909,7 +909,7 @@ def slo_configs(summary: Mapping[str, Any]) -> alt.TopLevelMixin | None:
         space *= len(v)
     title = titled("Where the search went", [
         f"{tried} of {space} engine configs started; #n: the order tried; the number: "
-        f"{objective} within the SLO (– none); ★ the answer"])
+        f"{_words(objective)} within the SLO (– none); ★ the answer"])
     if not rest:
         return panel(data, "").properties(title=title)
     combos = [", ".join(f"{k}={knob_text(v)}" for k, v in zip(rest, vals, strict=True))
