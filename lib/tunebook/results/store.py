@@ -121,10 +121,11 @@ class Store:
                 record = json.loads(p.read_bytes())
             except (OSError, ValueError):
                 continue
-            if isinstance(record, dict) and isinstance(record.get("row"), dict) and \
-                    schema.upgrade(record["row"], source=str(p)).get("finished_at") == \
-                    row.get("finished_at"):
-                return compact.finish(record, p)
+            if not (isinstance(record, dict) and isinstance(record.get("row"), dict)):
+                continue
+            upgraded = schema.upgrade(record["row"], source=str(p))  # once: finish's work
+            if upgraded.get("finished_at") == row.get("finished_at"):
+                return compact.join({**record, "row": upgraded}, p.parent)
         return None
 
     def finished_run_ids(self) -> set[str]:
