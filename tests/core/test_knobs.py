@@ -110,7 +110,7 @@ def test_the_defaults_read_are_vllms_own() -> None:
     assert knobs.vllm_defaults() is read  # cached
     assert knobs.default_text("gpu_memory_utilization") == \
         f"vLLM default: {parsed.gpu_memory_utilization}"
-    assert knobs.default_text("max_num_seqs") == "vLLM default: None (vLLM decides at start-up)"
+    assert knobs.default_text("max_num_seqs") == "vLLM default: None (set at start-up)"
 
 
 def test_every_knob_is_listed_once() -> None:

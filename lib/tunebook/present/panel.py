@@ -322,7 +322,7 @@ class TunePanel:
         lay = W.Layout(width="380px")
         style = {"description_width": "230px"}
         # the engine column is wider: an empty knob field shows vLLM's default in it
-        elay, estyle = W.Layout(width="480px"), {"description_width": "180px"}
+        elay, estyle = W.Layout(width="500px"), {"description_width": "180px"}
         w["experiment"] = W.Text(description="experiment", layout=elay, style=estyle)
         w["model"] = W.Combobox(description="model", options=sorted(PRESETS), layout=elay,
                                 style=estyle, ensure_option=False)
@@ -342,7 +342,7 @@ class TunePanel:
         w["spec.k"] = W.BoundedIntText(description="num_speculative_tokens", min=1, max=16,
                                        value=3, layout=elay, style=estyle)
         w["engine_env"] = W.Textarea(description="engine_env (YAML)", layout=W.Layout(
-            width="480px", height="60px"), style=estyle)
+            width="500px", height="60px"), style=estyle)
         w["load.dataset"] = W.Dropdown(description="dataset",
                                        options=[(x, x) for x in P.DATASETS],
                                        layout=lay, style=style)
