@@ -96,6 +96,23 @@ def test_rendering() -> None:
         knobs.argv({"max_num_seq": 4})
 
 
+def test_the_defaults_read_are_vllms_own() -> None:
+    """vllm_defaults (what the tuning panel shows beside a field left at default) against the
+    installed vLLM's server parser, asked directly: what `vllm serve` runs without the flag.
+    Imports vLLM (~6 s; the bench client imports it in-process anyway)."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parsed = make_arg_parser(FlexibleArgumentParser()).parse_args([])
+    read = knobs.vllm_defaults()
+    assert set(read) == {k.name for k in FLAG_KNOBS} - {"compilation_config"}  # a factory's
+    assert read == {name: getattr(parsed, name) for name in read}
+    assert knobs.vllm_defaults() is read  # cached
+    assert knobs.default_text("gpu_memory_utilization") == \
+        f"vLLM default: {parsed.gpu_memory_utilization}"
+    assert knobs.default_text("max_num_seqs") == "vLLM default: None (set at start-up)"
+
+
 def test_every_knob_is_listed_once() -> None:
     with pytest.raises(ValueError, match="listed twice"):
         knobs._registry((knobs.KNOBS["seed"], knobs.KNOBS["seed"]), "knob")

