@@ -120,6 +120,27 @@ def _curves(chart: Any) -> set[str]:
             if row.get("engine_label") is not None}
 
 
+def _colours(chart: Any) -> dict[str, str]:
+    """Engine config → its colour, as each panel chart's colour scale maps them (one map for
+    both charts)."""
+    found: dict[str, str] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            scale = node.get("scale") if node.get("field") == "engine_label" else None
+            if isinstance(scale, dict) and "domain" in scale:
+                for label, colour in zip(scale["domain"], scale["range"], strict=True):
+                    assert found.setdefault(label, colour) == colour, label
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(chart.to_dict(validate=False))
+    return found
+
+
 def _no_identifiers(labels: set[str]) -> None:
     """Words, where the only names with underscores are vLLM's knobs (issue 35)."""
     words = {w for label in labels for w in re.findall(r"[A-Za-z0-9.]*_[A-Za-z0-9_.]*", label)}
@@ -165,8 +186,11 @@ def test_each_config_is_its_own_curve_and_one_can_be_dropped(tmp_path: Path) -> 
     assert p.card()[2][1].endswith(
         "knobs set: max_model_len=1024, enforce_eager=True, max_num_seqs=2; 2 runs ok.")
 
+    colours = _colours(p.chart())
+    assert len(set(colours.values())) == 3
     shown.value = tuple(ids[1:])  # unselect the first: dropped from the chart and the card
     assert p.hidden == {ids[0]} and _curves(p.chart()) == set(labels[1:])
+    assert _colours(p.chart()) == {k: colours[k] for k in labels[1:]}  # the others keep theirs
     assert html.escape(labels[0]) not in p._facts_w.value and len(p.card()) == 2
     assert p.table()["engine_config_id"].nunique() == 3  # its results stay stored
     p.bring_back(labels[0])

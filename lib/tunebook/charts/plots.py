@@ -131,9 +131,13 @@ def _labels(df: pd.DataFrame) -> list[str]:
     return sorted(df["engine_label"].dropna().astype(str).unique())
 
 
-def _colour(domain: list[str]) -> alt.Color:
+def _colour(domain: list[str], colours: Mapping[str, str] | None = None) -> alt.Color:
+    """The engine config's colour: by its place in `domain`, or `colours[label]` where given
+    (a config keeps its colour while others are dropped: the tuning panel)."""
+    palette = [colours.get(d, PALETTE[i % len(PALETTE)]) for i, d in enumerate(domain)] \
+        if colours else list(PALETTE)
     return alt.Color("engine_label:N", title="engine config", legend=alt.Legend(labelLimit=320),
-                     scale=alt.Scale(domain=domain, range=list(PALETTE)))
+                     scale=alt.Scale(domain=domain, range=palette))
 
 
 def _x(x: str, values: pd.Series) -> alt.X:
@@ -284,7 +288,8 @@ def _saturation_marks(ok: pd.DataFrame, agg: pd.DataFrame, x: str, series: str,
 
 def _measured(df: pd.DataFrame, x: str, series: Mapping[str, str], y_title: str,
               title: str, dash_title: str | None = None,
-              saturation: Saturation | None = None) -> alt.LayerChart:
+              saturation: Saturation | None = None,
+              colours: Mapping[str, str] | None = None) -> alt.LayerChart:
     """Mean line per engine_label (and series), 95% interval bars where a point has repeats,
     failures as crosses + a note; with ``saturation``, each curve's peak and knee marked (on
     the first series)."""
@@ -296,7 +301,7 @@ def _measured(df: pd.DataFrame, x: str, series: Mapping[str, str], y_title: str,
     agg = _aggregate(ok, x, series)
     issues = _not_plotted(df, x, series)
     domain = _labels(df)
-    xenc, colour = _x(x, pd.concat([agg[x], issues[x]])), _colour(domain)
+    xenc, colour = _x(x, pd.concat([agg[x], issues[x]])), _colour(domain, colours)
     repeats = _repeats_text(agg)
     tips = ("series", "mean", "runs", "ci_low", "ci_high", "min", "max")
     enc = dict(x=xenc, color=colour, tooltip=_tooltip(agg, x, tips))
@@ -347,13 +352,14 @@ def _saturation(option: bool | Saturation | None) -> Saturation | None:
 
 
 def scaling(df: pd.DataFrame, y: str = "output_tok_s", x: str = "max_concurrency",
-            title: str | None = None, saturation: bool | Saturation = False
-            ) -> alt.LayerChart:
+            title: str | None = None, saturation: bool | Saturation = False,
+            colours: Mapping[str, str] | None = None) -> alt.LayerChart:
     """A measured metric vs concurrent users, one line per engine config; ``saturation``
-    (True or a :class:`Saturation`) marks each curve's throughput peak and latency knee."""
+    (True or a :class:`Saturation`) marks each curve's throughput peak and latency knee;
+    ``colours``: engine label → colour, where a config must keep its own."""
     return _measured(df, x, {y: y}, axis_title(y),
                      title or f"{axis_title(y)} vs {axis_title(x).split(' (')[0].lower()}",
-                     saturation=_saturation(saturation))
+                     saturation=_saturation(saturation), colours=colours)
 
 
 def overlay(frames: Mapping[str, pd.DataFrame], y: str = "output_tok_s",

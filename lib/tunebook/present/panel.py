@@ -264,7 +264,12 @@ class TunePanel:
         df = self._shown_frame()[0]
         if df.empty:
             return None
-        return alt.hconcat(charts.scaling(df, "output_tok_s"), charts.scaling(df, "median_tpot_ms"))
+        # each stored config its colour by the order they first ran: dropping one leaves the
+        # others' colours as they were
+        colours = {label: charts.PALETTE[i % len(charts.PALETTE)]
+                   for i, label in enumerate(self.configs().values())}
+        return alt.hconcat(*(charts.scaling(df, y, colours=colours)
+                             for y in ("output_tok_s", "median_tpot_ms")))
 
     def card(self) -> list[tuple[str, str]]:
         """The start-up facts of each engine config shown, in words and units:
