@@ -11,12 +11,16 @@ import os
 import shutil
 from pathlib import Path
 
+import altair as alt
+import nbformat
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
 from tunebook.cli import EXIT_LOCKED, EXIT_OK, main
 from tunebook.core import files, schema
 from tunebook.measure.locks import experiment_lock
+from tunebook.present import report
 from tunebook.results import compact
 from tunebook.results.store import Store
 
@@ -178,9 +182,22 @@ def test_the_compact_command_is_lossless_and_idempotent(
     before = list(store.records())
     logs = {p.name: p.read_bytes() for p in (exp / "engines").iterdir()}
     table = store.table()
+    # a notebook saved with its chart's SVG copy, and a report with CSS it cannot use
+    spec = alt.Chart(pd.DataFrame({"x": [1, 2]})).mark_point().encode(x="x").to_dict()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("c", outputs=[
+        nbformat.v4.new_output("display_data", data={report.VEGALITE_MIME: spec,
+                                                     "image/svg+xml": report._svg(spec)})])])
+    (exp / "notebooks").mkdir()
+    (exp / "notebooks" / "nb__1.ipynb").write_text(nbformat.writes(nb))
+    page = "<style>.used{color:red} .unused{color:blue}</style><p class='used'>x</p>"
+    report.report_path(exp).write_text(page)
     assert main(["compact", str(tmp_path / "outputs")]) == EXIT_OK
     out = capsys.readouterr().out
     assert f"{exp}: records compacted: 10 (" in out and "engine logs gzipped: 2 (" in out
+    assert "chart SVG copies dropped from 1 of 1" in out and "report.html: CSS" in out
+    saved = nbformat.read(str(exp / "notebooks" / "nb__1.ipynb"), as_version=4)
+    assert list(saved.cells[0].outputs[0]["data"]) == [report.VEGALITE_MIME]
+    assert ".unused" not in report.report_path(exp).read_text()
     assert len(list(store.runs_dir.glob("*.requests.parquet"))) == 10
     assert compact.same(list(store.records()), before)
     assert sorted(p.name for p in (exp / "engines").iterdir()) == sorted(
