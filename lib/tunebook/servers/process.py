@@ -119,8 +119,32 @@ STOP_GRACE_S = 20.0  # a serving engine: time to close its connections and its e
 NOT_READY_GRACE_S = 3.0  # one that never became ready (Engine.stop says why)
 
 
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "psm_"  # multiprocessing.shared_memory's names: vLLM's message queues
+
+
+def _shared_memory_of(members: list[psutil.Process]) -> set[Path]:
+    """The multiprocessing shared-memory segments (/dev/shm/psm_*) these processes map."""
+    found = set()
+    for p in members:
+        try:
+            with open(f"/proc/{p.pid}/maps", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    at = line.find(f"{SHM_DIR}/{SHM_PREFIX}")
+                    if at >= 0 and not line.rstrip().endswith("(deleted)"):
+                        found.add(Path(line[at:].rstrip()))
+        except OSError:  # gone already, or not ours to read
+            continue
+    return found
+
+
 def kill_group(pgid: int, grace_s: float = STOP_GRACE_S) -> None:
-    """TERM the whole process group, wait, then KILL whatever is left."""
+    """TERM the whole process group, wait, then KILL whatever is left; then unlink the
+    shared-memory segments its processes had mapped. A process killed before it could close
+    them (and the resource tracker that would unlink them, killed with the group) leaves them
+    in /dev/shm: memory on a GPU box, where vLLM's message queues are touched. Only names the
+    group mapped, and only once every process of it is gone."""
+    shm = _shared_memory_of(_group_members(pgid))
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
@@ -135,6 +159,9 @@ def kill_group(pgid: int, grace_s: float = STOP_GRACE_S) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and _group_members(pgid):
         time.sleep(0.1)
+    if shm and not _group_members(pgid):
+        for path in shm:
+            path.unlink(missing_ok=True)
 
 
 def reap_orphans() -> list[int]:

@@ -1,0 +1,50 @@
+"""Stopping an engine's process group leaves no shared memory behind: what its processes had
+mapped under /dev/shm/psm_* (vLLM's message queues) is unlinked once the group is gone, and
+nothing else is. A group killed before it could close its segments (its resource tracker
+killed with it) used to leave them there."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from multiprocessing import shared_memory
+from pathlib import Path
+
+import pytest
+
+from tunebook.servers import process
+
+pytestmark = pytest.mark.skipif(not process.SHM_DIR.is_dir(), reason="no /dev/shm here")
+
+# A process group that creates a segment and maps it until killed, as vLLM's API server and
+# engine core do, and that does not stop within its grace (as an API server stuck in a blocking
+# poll): SIGKILL ends it, and its resource tracker with it (which ignores SIGTERM and would
+# otherwise unlink the segment once its pipe closes). Without the fix the segment stayed.
+HOLDER = """
+from multiprocessing import shared_memory
+import signal, sys, time
+m = shared_memory.SharedMemory(create=True, size=1 << 20)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+m.buf[:4] = b"tune"
+print(m.name, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_killed_group_leaves_no_segment_and_others_stay() -> None:
+    other = shared_memory.SharedMemory(create=True, size=4096)  # not the group's
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        name = proc.stdout.readline().strip()
+        seg = process.SHM_DIR / name
+        assert name.startswith(process.SHM_PREFIX) and seg.exists()
+        assert process._shared_memory_of(process._group_members(proc.pid)) == {seg}
+        process.kill_group(proc.pid, grace_s=0.5)
+        proc.wait(timeout=10)
+        assert not seg.exists()
+        assert Path(process.SHM_DIR / other.name.lstrip("/")).exists()
+    finally:
+        proc.kill()
+        other.close()
+        other.unlink()
