@@ -44,6 +44,10 @@ def test_a_killed_group_leaves_no_segment_and_others_stay() -> None:
         proc.wait(timeout=10)
         assert not seg.exists()
         assert Path(process.SHM_DIR / other.name.lstrip("/")).exists()
+        # a segment some process outside the group still maps (a launcher the engine was
+        # forked from) keeps its name
+        mine = process.SHM_DIR / other.name.lstrip("/")
+        assert process._mapped_by_any({mine, seg}) == {mine}
     finally:
         proc.kill()
         other.close()

@@ -143,7 +143,7 @@ def kill_group(pgid: int, grace_s: float = STOP_GRACE_S) -> None:
     shared-memory segments its processes had mapped. A process killed before it could close
     them (and the resource tracker that would unlink them, killed with the group) leaves them
     in /dev/shm: memory on a GPU box, where vLLM's message queues are touched. Only names the
-    group mapped, and only once every process of it is gone."""
+    group mapped, only once every process of it is gone, and none another process maps."""
     shm = _shared_memory_of(_group_members(pgid))
     try:
         os.killpg(pgid, signal.SIGTERM)
@@ -159,9 +159,25 @@ def kill_group(pgid: int, grace_s: float = STOP_GRACE_S) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and _group_members(pgid):
         time.sleep(0.1)
-    if shm and not _group_members(pgid):
-        for path in shm:
-            path.unlink(missing_ok=True)
+    left = {p for p in shm if p.exists()} if not _group_members(pgid) else set()
+    for path in left - _mapped_by_any(left):  # e.g. a launcher the engine was forked from
+        path.unlink(missing_ok=True)
+
+
+def _mapped_by_any(paths: set[Path]) -> set[Path]:
+    """Those of `paths` that some live process still maps (read only when segments are
+    left: a clean stop unlinks its own)."""
+    if not paths:
+        return set()
+    names = {p: str(p).encode() for p in paths}
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            data = maps.read_bytes()
+        except OSError:
+            continue
+        mapped |= {p for p, name in names.items() if name in data}
+    return mapped
 
 
 def reap_orphans() -> list[int]:
