@@ -6,8 +6,10 @@ and the outputs index. Drives Debian's headless Chromium through selenium.
 
 The JupyterLab part starts `jupyter lab` on 127.0.0.1 with a random token, opens
 notebooks/10_tune.ipynb, runs all cells from the Run menu, sets the users to "1, 2, 4" in the
-panel, presses Run, waits for the chart, and takes the picture; then Stop engine.
-Its results land in outputs/tune/ (git-ignored).
+panel, runs three engine configs (max_num_seqs at vLLM's default, 2, 1: one Run each), waits
+for their curves, and takes the picture; then Stop engine.
+Its results land in outputs/tune/ (git-ignored; one already there is moved aside first, since
+its runs would be resumed rather than run).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 from tunebook.present import browser
+from tunebook.results.store import stamp
 from tunebook.servers.base import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +66,11 @@ def page_shots() -> list[Path]:
 def lab_shot(users: str = "1, 2, 4") -> Path:
     from selenium.webdriver.common.by import By
 
+    tune = REPO / "outputs" / "tune"
+    if tune.exists():  # runs stored there would be resumed (skipped), not run for the picture
+        kept = tune.with_name(f"tune.before-screenshot-{stamp()}")
+        tune.rename(kept)
+        print(f"moved {tune} aside: {kept}")
     port, token = free_port(), secrets.token_hex(16)
     env = {**os.environ, "JUPYTER_TOKEN": token}
     lab = subprocess.Popen(
@@ -74,7 +82,7 @@ def lab_shot(users: str = "1, 2, 4") -> Path:
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     shot = SHOTS / "tune-panel-jupyterlab.png"
     try:
-        with browser.chromium(offline=False, width=1500, height=2000) as d:
+        with browser.chromium(offline=False, width=1500, height=2350) as d:
             url = f"http://127.0.0.1:{port}/lab/tree/notebooks/10_tune.ipynb?token={token}"
             _wait(lambda: _get(d, url), 60, "JupyterLab to answer", every_s=2)
             _wait(lambda: d.find_elements(By.CSS_SELECTOR, ".jp-Notebook .jp-Cell"), 120,
@@ -86,10 +94,22 @@ def lab_shot(users: str = "1, 2, 4") -> Path:
                                  if e.get_attribute("value") == "1, 4"], 30, "the users box")[0]
             box.clear()
             box.send_keys(users)
-            run.click()
+            # three engine configs, one Run each, as a user compares them: vLLM's default
+            # max_num_seqs, then 2 and 1 (the curves flatten where the cap binds)
+            for k, max_num_seqs in enumerate(("", "2", "1"), start=1):
+                field = d.find_element(By.XPATH, _FIELD.format(name="max_num_seqs"))
+                field.clear()
+                field.send_keys(max_num_seqs)
+                run.click()
+                _wait(lambda k=k: len(d.find_elements(
+                    By.CSS_SELECTOR, "select[multiple] option")) == k, 600,
+                    f"config {k} on the chart", every_s=3)
+                _wait(lambda: "3/3" in d.find_element(
+                    By.XPATH, "//*[contains(text(), '3/3')]").text, 600,
+                    f"config {k}'s run to finish", every_s=3)
             _wait(lambda: "ok," in d.find_element(
-                By.XPATH, "//*[contains(text(), 'not ok')]").text, 900,
-                "the run to finish", every_s=5)
+                By.XPATH, "//*[contains(text(), 'not ok')]").text, 120,
+                "the panel's status", every_s=2)
             time.sleep(3)  # the last chart redraw
             for b in d.find_elements(By.XPATH, "//button[normalize-space(text())='No']"):
                 b.click()  # JupyterLab's "notified about news?" toast, over the picture
@@ -108,6 +128,11 @@ def lab_shot(users: str = "1, 2, 4") -> Path:
         # without them, so write it back from its source
         subprocess.run([sys.executable, str(REPO / "scripts" / "make_notebooks.py")], check=True)
     return shot
+
+
+# a knob's text field in the panel, by the knob's name in its description
+_FIELD = ("//div[contains(@class,'widget-text')][.//label[normalize-space(text())='{name}']]"
+          "//input")
 
 
 def _get(d, url: str) -> bool:
