@@ -15,6 +15,7 @@ headless Chromium, screenshot for screenshot, by tests/present/test_browser.py.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 _STYLE = re.compile(r"(<style\b[^>]*>)(.*?)(</style>)", re.S | re.I)
 _COMMENT = re.compile(r"/\*.*?\*/", re.S)
@@ -75,17 +76,22 @@ def _may_match(selector: str, classes: set[str], ids: set[str]) -> bool:
     return True
 
 
+def _string_end(css: str, i: int) -> int:
+    """The index just past the CSS string that opens at `i` (a quote; escapes skipped)."""
+    j, n = i + 1, len(css)
+    while j < n and css[j] != css[i]:
+        j += 2 if css[j] == "\\" else 1
+    return j + 1
+
+
 def _blocks(css: str) -> list[tuple[str, str | None]]:
     """Top-level statements: (prelude, body) for `x { body }`, (statement, None) for `@x …;`."""
     out: list[tuple[str, str | None]] = []
     i, n, start = 0, len(css), 0
     while i < n:
         ch = css[i]
-        if ch in "\"'":  # a string: skip to its end
-            j = i + 1
-            while j < n and css[j] != ch:
-                j += 2 if css[j] == "\\" else 1
-            i = j + 1
+        if ch in "\"'":
+            i = _string_end(css, i)
             continue
         if ch == ";" and css[start:i].strip().startswith("@"):
             out.append((css[start:i + 1].strip(), None))
@@ -94,10 +100,9 @@ def _blocks(css: str) -> list[tuple[str, str | None]]:
             depth, j = 1, i + 1
             while j < n and depth:
                 if css[j] in "\"'":
-                    q, j = css[j], j + 1
-                    while j < n and css[j] != q:
-                        j += 2 if css[j] == "\\" else 1
-                elif css[j] == "{":
+                    j = _string_end(css, j)
+                    continue
+                if css[j] == "{":
                     depth += 1
                 elif css[j] == "}":
                     depth -= 1
@@ -109,22 +114,30 @@ def _blocks(css: str) -> list[tuple[str, str | None]]:
     return out
 
 
-def slim(css: str, classes: set[str], ids: set[str]) -> str:
-    """`css` without the rules no element of a page with these classes and ids can match."""
+def _rewrite(css: str, rule: Callable[[str, str], str | None]) -> str:
+    """`css` rebuilt statement by statement: each style rule as `rule(prelude, body)` gives it
+    (None: dropped); ``@media``/``@supports``/``@layer`` rebuilt inside the same way (dropped
+    when nothing is left in them); any other at-rule or statement kept as it is."""
     kept: list[str] = []
-    for prelude, body in _blocks(_COMMENT.sub("", css)):
+    for prelude, body in _blocks(css):
         if body is None:
             kept.append(prelude)
         elif prelude.startswith("@"):
             if prelude.split(None, 1)[0].lower() in _SIFTED_AT_RULES:
-                inner = slim(body, classes, ids)
+                inner = _rewrite(body, rule)
                 if inner.strip():
                     kept.append(f"{prelude} {{\n{inner}\n}}")
             else:
                 kept.append(f"{prelude} {{{body}}}")
-        elif any(_may_match(s, classes, ids) for s in _split_top(prelude, ",")):
-            kept.append(f"{prelude} {{{body}}}")
+        elif (text := rule(prelude, body)) is not None:
+            kept.append(text)
     return "\n".join(kept)
+
+
+def slim(css: str, classes: set[str], ids: set[str]) -> str:
+    """`css` without the rules no element of a page with these classes and ids can match."""
+    return _rewrite(_COMMENT.sub("", css), lambda prelude, body: f"{prelude} {{{body}}}" if any(
+        _may_match(s, classes, ids) for s in _split_top(prelude, ",")) else None)
 
 
 _VAR_USE = re.compile(r"var\(\s*(--[-\w]+)")
@@ -150,23 +163,12 @@ def _custom_properties(css: str) -> dict[str, list[str]]:
 def _drop_properties(css: str, unused: set[str]) -> str:
     """`css` without the declarations of the custom properties in `unused` (and without the
     rules left empty by that)."""
-    kept: list[str] = []
-    for prelude, body in _blocks(css):
-        if body is None:
-            kept.append(prelude)
-        elif prelude.startswith("@"):
-            if prelude.split(None, 1)[0].lower() in _SIFTED_AT_RULES:
-                inner = _drop_properties(body, unused)
-                if inner.strip():
-                    kept.append(f"{prelude} {{\n{inner}\n}}")
-            else:
-                kept.append(f"{prelude} {{{body}}}")
-        else:
-            decls = [d for d in _split_top(body, ";")
-                     if not ((m := _VAR_DECL.match(d)) and m[1] in unused)]
-            if any(d.strip() for d in decls):
-                kept.append(f"{prelude} {{{';'.join(decls)}}}")
-    return "\n".join(kept)
+    def rule(prelude: str, body: str) -> str | None:
+        decls = [d for d in _split_top(body, ";")
+                 if not ((m := _VAR_DECL.match(d)) and m[1] in unused)]
+        return f"{prelude} {{{';'.join(decls)}}}" if any(d.strip() for d in decls) else None
+
+    return _rewrite(css, rule)
 
 
 def slim_page(html: str) -> str:
