@@ -20,11 +20,9 @@ inline at 6c87529), and the compact copy is the working tree's.
 from __future__ import annotations
 
 import argparse
-import io
 import shutil
 import statistics
-import subprocess
-import tarfile
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,6 +33,9 @@ from tunebook.results import compact
 from tunebook.results.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import check_compact  # noqa: E402  (outputs/ as a commit held them)
+
 DEFAULT = ROOT / "outputs" / "h200" / "slo-bench" / "slo-grid"  # 72 runs, 16 to 256 users
 
 
@@ -63,11 +64,7 @@ def main() -> int:
         forms = {form: Path(tmp) / form / exp.name for form in ("inline", "compact")}
         if args.inline_from:
             rel = exp.relative_to(ROOT)
-            tar = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar",
-                                  args.inline_from, str(rel)],
-                                 check=True, capture_output=True).stdout
-            with tarfile.open(fileobj=io.BytesIO(tar)) as t:
-                t.extractall(Path(tmp) / "git", filter="data")
+            check_compact.extract(args.inline_from, [str(rel)], Path(tmp) / "git")
             shutil.move(Path(tmp) / "git" / rel, forms["inline"])
         else:
             shutil.copytree(exp, forms["inline"])
