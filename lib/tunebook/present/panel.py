@@ -37,6 +37,7 @@ from tunebook.measure.sweep import Sweep, SweepOptions, SweepResult
 from tunebook.models.presets import PRESETS
 from tunebook.present import index, report
 from tunebook.results.store import Store, rows_to_frame, stamp, write_new
+from tunebook.servers import launcher
 
 # The engine knobs the panel offers, and their choices, are tunebook.core.knobs' (PANEL_KNOBS,
 # PANEL_SPEC_METHODS). "vLLM default: …" (an empty number field, or that dropdown entry) leaves
@@ -578,9 +579,10 @@ _PHASES = (("start_api_import_s", "imports"), ("start_engine_core_s", "engine co
            ("start_compile_s", "torch.compile"), ("start_profile_kv_s", "profiling and KV cache"),
            ("start_cuda_graphs_s", "CUDA graphs"), ("start_warmup_s", "warm-up"),
            ("start_api_ready_s", "API server"))
-_START_METHODS = {"exec": "a plain start", "launcher": "a fast start (forked from a process "
-                  "that had imported vLLM)", "launcher+fork": "a fast start (forked, its engine "
-                  "core and workers too)"}
+_START_METHODS = {launcher.EXEC: "a plain start",
+                  launcher.API_FORK: "a fast start (forked from a process that had imported "
+                                     "vLLM)",
+                  launcher.FULL_FORK: "a fast start (forked, its engine core and workers too)"}
 
 
 def _known(row: pd.Series, column: str) -> Any:
