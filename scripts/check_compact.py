@@ -39,7 +39,6 @@ from tunebook.present import claims, report  # noqa: E402
 from tunebook.results import compact  # noqa: E402
 
 LOG_DIRS = ("engines",)
-SVG = "image/svg+xml"
 
 
 def extract(commit: str, paths: list[str], into: Path) -> None:
@@ -52,15 +51,9 @@ def extract(commit: str, paths: list[str], into: Path) -> None:
 
 def charts(ipynb: Path) -> list[tuple[dict, str | None]]:
     """(Vega-Lite spec, SVG copy or None) of each chart output, in order."""
-    out = []
-    for cell in json.loads(ipynb.read_text(encoding="utf-8")).get("cells", []):
-        for o in cell.get("outputs", []):
-            data = o.get("data", {})
-            if report.VEGALITE_MIME in data:
-                svg = data.get(SVG)
-                out.append((data[report.VEGALITE_MIME],
-                            "".join(svg) if isinstance(svg, list) else svg))
-    return out
+    nb = json.loads(ipynb.read_text(encoding="utf-8"))
+    return [(data[report.VEGALITE_MIME], report.svg_copy(data))
+            for _, data in report.chart_outputs(nb)]
 
 
 def check(before: Path, after: Path) -> tuple[dict[str, int], list[str]]:

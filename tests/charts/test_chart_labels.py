@@ -20,7 +20,7 @@ import pytest
 from tunebook import figures
 from tunebook.charts import plots as charts
 from tunebook.core.knobs import KNOBS
-from tunebook.present.report import VEGALITE_MIME, latest_notebook
+from tunebook.present.report import VEGALITE_MIME, chart_outputs, latest_notebook
 from tunebook.results.evidence import load_evidence
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,11 +166,9 @@ def test_the_figures_of_each_committed_experiment_name_no_identifier(exp: str) -
 
 def _saved_specs(exp: str) -> Iterator[dict[str, Any]]:
     nb = json.loads(latest_notebook(OUTPUTS / exp).read_text(encoding="utf-8"))
-    for cell in nb["cells"]:
-        for out in cell.get("outputs", []):
-            spec = out.get("data", {}).get(VEGALITE_MIME)
-            if spec:
-                yield spec
+    for _, data in chart_outputs(nb):
+        if data[VEGALITE_MIME]:
+            yield data[VEGALITE_MIME]
 
 
 @pytest.mark.parametrize("exp", EXPERIMENTS)

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,22 @@ REPLOT = ".replot"  # before .ipynb in a replot's name
 
 
 VEGALITE_MIME = "application/vnd.vegalite.v5+json"
+
+
+def chart_outputs(nb: Any) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(cell index, output data) of each output of a notebook (nbformat's, or its JSON) that
+    holds a Vega-Lite chart, in order."""
+    for i, cell in enumerate(nb["cells"]):
+        for o in cell.get("outputs", []):
+            data = o.get("data", {})
+            if VEGALITE_MIME in data:
+                yield i, data
+
+
+def svg_copy(data: dict[str, Any]) -> str | None:
+    """A chart output's SVG copy as one string (nbformat may keep it as a list of lines)."""
+    svg = data.get("image/svg+xml")
+    return "".join(svg) if isinstance(svg, list) else svg
 
 
 def _svg(spec: dict[str, Any]) -> str | None:
@@ -150,13 +167,11 @@ def to_html(ipynb: Path, html: Path | None = None, *, no_input: bool = False,
     nb = nbformat.read(str(ipynb), as_version=4)
     mapping = path_map(nb, ipynb)  # before tidy rewrites papermill's record of the paths
     nb = tidy(nb, ipynb, mapping)
-    for cell in nb.cells:  # the interactive spec has no renderer in plain HTML: keep an SVG
-        for o in cell.get("outputs", []):
-            data = o.get("data", {})
-            if VEGALITE_MIME in data and "image/svg+xml" not in data:
-                data["image/svg+xml"] = _svg(data[VEGALITE_MIME])
-            if data.get("image/svg+xml"):
-                data.pop(VEGALITE_MIME, None)
+    for _, data in chart_outputs(nb):  # the interactive spec has no renderer in plain HTML
+        if "image/svg+xml" not in data:
+            data["image/svg+xml"] = _svg(data[VEGALITE_MIME])
+        if data.get("image/svg+xml"):  # keep the SVG alone
+            data.pop(VEGALITE_MIME)
     exporter = HTMLExporter(template_name="lab", exclude_input=no_input,
                             exclude_input_prompt=no_input, exclude_output_prompt=no_input)
     body, _ = exporter.from_notebook_node(nb)
@@ -203,16 +218,13 @@ def drop_chart_copies(ipynb: Path) -> int:
     before = ipynb.read_bytes()
     nb = nbformat.reads(before.decode(), as_version=4)
     dropped = 0
-    for cell in nb.cells:
-        for o in cell.get("outputs", []):
-            data = o.get("data", {})
-            svg = data.get("image/svg+xml")
-            if VEGALITE_MIME in data and svg is not None:
-                svg = "".join(svg) if isinstance(svg, list) else svg
-                redrawn = _svg(data[VEGALITE_MIME])
-                if redrawn is not None and same_svg(redrawn, svg):
-                    del data["image/svg+xml"]
-                    dropped += 1
+    for _, data in chart_outputs(nb):
+        svg = svg_copy(data)
+        if svg is not None:
+            redrawn = _svg(data[VEGALITE_MIME])
+            if redrawn is not None and same_svg(redrawn, svg):
+                del data["image/svg+xml"]
+                dropped += 1
     if not dropped:
         return 0
     after = nbformat.writes(nb).encode()
@@ -475,14 +487,13 @@ def export_charts(ipynb: Path, out_dir: Path, formats: list[str] | None = None) 
 
     nb = nbformat.read(str(ipynb), as_version=4)
     written: list[Path] = []
-    for i, cell in enumerate(nb.cells):
-        n = 0
-        for o in cell.get("outputs", []):
-            spec = o.get("data", {}).get(VEGALITE_MIME)
-            if spec:
-                n += 1
-                written += charts.save_spec(spec, Path(out_dir) / f"cell{i:02d}-{n}",
-                                            formats or ["png", "svg"])
+    in_cell: dict[int, int] = {}  # charts so far in each cell
+    for i, data in chart_outputs(nb):
+        spec = data[VEGALITE_MIME]
+        if spec:
+            in_cell[i] = in_cell.get(i, 0) + 1
+            written += charts.save_spec(spec, Path(out_dir) / f"cell{i:02d}-{in_cell[i]}",
+                                        formats or ["png", "svg"])
     return written
 
 
