@@ -35,7 +35,10 @@ class FakeEngine:
     def alive(self) -> bool:
         return True
 
-    def exit_code(self) -> int | None:
+    def death(self) -> str | None:
+        return None
+
+    def hung(self) -> str | None:
         return None
 
     def watch_point(self) -> NoWatch:

@@ -354,6 +354,7 @@ def cmd_unpack(args: argparse.Namespace) -> int:
 
 def cmd_engines(args: argparse.Namespace) -> int:
     from tunebook.servers import process
+    from tunebook.servers.shm import reap_shared_memory
 
     if args.phases:
         from tunebook.results.store import Store, find_experiments
@@ -372,6 +373,8 @@ def cmd_engines(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.reap:
         print(f"reaped process groups: {process.reap_orphans() or 'none'}")
+        shm = reap_shared_memory()
+        print(f"removed shared-memory segments dead engines left: {len(shm) or 'none'}")
     live = process.list_engines()
     for info in live:
         print(f"pgid {info['pgid']}  port {info['port']}  owner pid {info['owner_pid']}  "

@@ -72,8 +72,9 @@ def test_bench_point_without_reset(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
     def fake_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
                    timeout_s: float | None = None, cache: Any = None,
-                   timings: dict | None = None) -> tuple[dict, str]:
+                   timings: dict | None = None, death: Any = None) -> tuple[dict, str]:
         assert isinstance(cache, ClientCache) and timings is not None
+        assert death is not None and death() is None  # the client asks the engine's watchdog
         timings.update({"client_s": 2.0, "client_tokenizer_s": 0.25})
         sent.append(argv)
         eng.loaded = True

@@ -59,7 +59,7 @@ def sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     def bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
               timeout_s: float | None = None, cache: Any = None,
-              timings: dict | None = None) -> tuple[dict, str]:
+              timings: dict | None = None, death: Any = None) -> tuple[dict, str]:
         users = int(argv[argv.index("--max-concurrency") + 1])
         knobs = state["engine"].knobs
         if state["interrupt_at"] is not None and len(state["benched"]) == state["interrupt_at"]:

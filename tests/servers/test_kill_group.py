@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tunebook.servers import process
+from tunebook.servers import process, shm
 
-pytestmark = pytest.mark.skipif(not process.SHM_DIR.is_dir(), reason="no /dev/shm here")
+pytestmark = pytest.mark.skipif(not shm.SHM_DIR.is_dir(), reason="no /dev/shm here")
 
 # A process group that creates a segment and maps it until killed, as vLLM's API server and
 # engine core do, and that does not stop within its grace (as an API server stuck in a blocking
@@ -37,17 +37,17 @@ def test_a_killed_group_leaves_no_segment_and_others_stay() -> None:
                             start_new_session=True)
     try:
         name = proc.stdout.readline().strip()
-        seg = process.SHM_DIR / name
-        assert name.startswith(process.SHM_PREFIX) and seg.exists()
-        assert process._shared_memory_of(process._group_members(proc.pid)) == {seg}
+        seg = shm.SHM_DIR / name
+        assert name.startswith(shm.SHM_PREFIX) and seg.exists()
+        assert shm.shared_memory_of(process._group_members(proc.pid)) == {seg}
         process.kill_group(proc.pid, grace_s=0.5)
         proc.wait(timeout=10)
         assert not seg.exists()
-        assert Path(process.SHM_DIR / other.name.lstrip("/")).exists()
+        assert Path(shm.SHM_DIR / other.name.lstrip("/")).exists()
         # a segment some process outside the group still maps (a launcher the engine was
         # forked from) keeps its name
-        mine = process.SHM_DIR / other.name.lstrip("/")
-        assert process._mapped_by_any({mine, seg}) == {mine}
+        mine = shm.SHM_DIR / other.name.lstrip("/")
+        assert shm.mapped_by_any({mine, seg}) == {mine}
     finally:
         proc.kill()
         other.close()

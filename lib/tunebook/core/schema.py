@@ -272,6 +272,10 @@ COLUMNS: tuple[Column, ...] = (
     _C("start_method_note", "string",
        "why a start that could have been fast was plain (TUNEBOOK_FAST_START=0, the launcher "
        "died, an engine_env variable vLLM reads when imported, …)"),
+    _C("engine_replaces", "Int64",
+       "engines of this config that died earlier in the same sweep (0: the run's engine was "
+       "the config's first; the run record's engine.replaces says which process and how); "
+       "empty: rows from before engines were watched"),
     # --- where the start's time went (tunebook.servers.start_phases; ± 1 s, they add up to
     # startup_s)
     _C("start_api_import_s", "float64", "spawn → the API server's first log line (imports)"),

@@ -34,6 +34,7 @@ from tunebook.core import config
 from tunebook.core.schema import COLUMN_NAMES
 from tunebook.core.threads import Background
 from tunebook.inputs.load import LoadPoint
+from tunebook.servers.base import EngineDiedError
 
 # vLLM's per-request arrays we keep in each run's JSON (they stay out of the table).
 REQUEST_ARRAYS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
@@ -180,13 +181,17 @@ def sample_requests(argv: list[str]) -> list[Any]:
 
 def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
               timeout_s: float | None = None, cache: ClientCache | None = None,
-              timings: dict[str, float] | None = None) -> tuple[dict[str, Any], str]:
+              timings: dict[str, float] | None = None,
+              death: Callable[[], str | None] | None = None) -> tuple[dict[str, Any], str]:
     """Run vLLM's client in this process; return its result dict and what it printed.
 
     It runs on a worker thread with its own event loop: `vllm bench serve` calls asyncio.run,
     which fails inside a Jupyter kernel (a loop is already running there). With a `cache` the
     tokenizer is reused across calls; `timings` gets the seconds of the client's steps (its
-    import, tokenizer, dataset sampling, and the whole call: `client_s`).
+    import, tokenizer, dataset sampling, and the whole call: `client_s`). `death` (the
+    server's) is asked every WATCH_S while it runs: once it names a process of the engine that
+    died, the client is cancelled and EngineDiedError raised (an engine core that died under a
+    forked API server leaves its requests waiting forever otherwise).
     """
     t0 = time.monotonic()
     vbs = config.import_module("vllm.benchmarks.serve")  # ~5 s the first time (torch)
@@ -214,12 +219,13 @@ def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
             _CURRENT.run = None
 
     redirect = contextlib.redirect_stdout(out) if quiet else contextlib.nullcontext()
-    ended = False
+    ended, died = False, None
     try:
         with _api_key(api_key), redirect:
             bg = Background(work, "vllm-bench")
             try:
-                ended = bg.wait(timeout_s)  # Ctrl-C and SIGTERM land here, in the caller's thread
+                # Ctrl-C and SIGTERM land here, in the caller's thread
+                ended, died = _wait(bg, timeout_s, death)
             finally:
                 if not ended:  # interrupted or timed out: the client lets go of its streams
                     _cancel_client(box, bg)
@@ -228,11 +234,33 @@ def run_bench(argv: list[str], api_key: str | None = None, quiet: bool = True,
             timings.update({"client_s": time.monotonic() - t0, "client_import_s": t_import,
                             **run.timings})
     text = out.getvalue().replace(api_key, "***") if api_key else out.getvalue()
+    if died is not None:
+        raise EngineDiedError(died)
     if not ended:
         raise LoadError(f"the benchmark did not finish within {timeout_s:.0f} s")
     if "error" in box:
         raise box["error"]
     return box["result"], text
+
+
+WATCH_S = 0.1  # how often a running client asks whether its engine died
+
+
+def _wait(bg: Background, timeout_s: float | None,
+          death: Callable[[], str | None] | None) -> tuple[bool, str | None]:
+    """(ended, None) once the client ends; (False, None) after `timeout_s`; (False, what
+    died) as soon as `death` says so."""
+    if death is None:
+        return bg.wait(timeout_s), None
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return False, None
+        if bg.wait(WATCH_S if left is None else min(WATCH_S, left)):
+            return True, None
+        if (died := death()) is not None:
+            return False, died
 
 
 def _cancel_client(box: dict[str, Any], bg: Background, grace_s: float = 10.0) -> None:

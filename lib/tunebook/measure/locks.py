@@ -82,3 +82,26 @@ def sigterm_as_exception() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGTERM and Ctrl-C held back while the block runs (a measured record being written:
+    a signal in the middle would lose it), then delivered as they would have been."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    old = {sig: signal.signal(sig, lambda signum, frame: got.append(signum))
+           for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if got:
+            handler = old[got[0]]
+            if callable(handler):
+                handler(got[0], None)  # Terminated, KeyboardInterrupt (raised from here)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), got[0])

@@ -10,7 +10,10 @@ record (its result row and everything kept beside it), whatever happened.
   sends the requests.
 - Ctrl-C / SIGTERM: the record says `interrupted` and carries the interrupt, which the caller
   raises once the record is stored. A client failure is `failed`; a server that died under it
-  makes the run `interrupted` (run again on resume).
+  makes the run `interrupted` (run again on resume), found by the server's watchdog within a
+  fraction of a second and said as which process died and how ("engine core exited:
+  SIGKILL"); one that stopped answering ends the run at its timeout, said so. Either way
+  `Measured.engine_lost` tells the executor to replace the engine.
 """
 
 from __future__ import annotations
@@ -28,7 +31,13 @@ from tunebook.inputs.load import BLOCK_REUSE, PROMPT_DATASETS, bench_argv, point
 from tunebook.inputs.params import SweepParams
 from tunebook.inputs.plan import PlannedRun
 from tunebook.measure import probe
-from tunebook.measure.client import ClientCache, metrics_row, request_arrays, run_bench
+from tunebook.measure.client import (
+    ClientCache,
+    LoadError,
+    metrics_row,
+    request_arrays,
+    run_bench,
+)
 from tunebook.measure.locks import Terminated
 from tunebook.measure.progress import StepTimes
 from tunebook.models.presets import ModelRef
@@ -36,6 +45,7 @@ from tunebook.results.store import utc_now
 from tunebook.servers import metrics as engine_metrics
 from tunebook.servers.base import (
     SERVED_NAME,
+    EngineDiedError,
     EngineRequestError,
     EngineStartError,
     NoWatch,
@@ -73,10 +83,12 @@ class Outcome:
 
 @dataclass
 class Measured:
-    """A run's record, to store; `interrupt` (Ctrl-C, SIGTERM) is raised once it is stored."""
+    """A run's record, to store; `interrupt` (Ctrl-C, SIGTERM) is raised once it is stored;
+    `engine_lost` says why its engine cannot serve the next run (it died, or hung)."""
 
     record: dict[str, Any]
     interrupt: BaseException | None = None
+    engine_lost: str | None = None
 
     @property
     def row(self) -> dict[str, Any]:
@@ -140,16 +152,26 @@ def _scrape(server: Server, errors: list[str]) -> engine_metrics.Snapshot | None
         return None
 
 
-def exited(server: Server, grace_s: float = 2.0) -> bool:
-    """Whether the server exited. A run that went wrong asks with a grace: the client sees a
-    killed server's connections drop a moment before its process can be reaped, and that run
-    is `interrupted` (the engine died), not `failed`."""
+def exited(server: Server, grace_s: float = 2.0) -> str | None:
+    """What of the server died, if it did. A run that went wrong asks with a grace: the client
+    sees a killed server's connections drop a moment before the process has exited, and that
+    run is `interrupted` (the engine died), not `failed`."""
     deadline = time.monotonic() + grace_s
-    while server.alive():
+    while (died := server.death()) is None and server.alive():
         if time.monotonic() > deadline:
-            return False
+            return None
         time.sleep(0.05)
-    return True
+    return died or "the engine exited"
+
+
+def _lost(run: PlannedRun, server: Server, ctx: PointContext, out: Outcome, what: str,
+          said: str = "the engine died: ") -> Measured:
+    """The run's record when its engine died or hung under it: `interrupted` (run again on
+    resume), saying which process and how (`said` + `what`), and when tunebook found it."""
+    out.status, out.error = schema.STATUS_INTERRUPTED, (said + what)[:500]
+    out.extra = {**(out.extra or {}), "engine_lost": {"why": what, "found_at": time.time()},
+                 "engine_log_tail": server.log_tail()}
+    return Measured(record_of(run, server, ctx, out), engine_lost=what)
 
 
 def _said(error: str) -> str:
@@ -190,6 +212,8 @@ def _measure(server: Server, run: PlannedRun, ctx: PointContext, out: Outcome) -
     if point.reset_prefix_cache:
         with _timed("prefix-cache reset", timings, ctx.steps):
             reset = server.reset_prefix_cache()
+        if not reset.ok and (died := exited(server, grace_s=0.5)) is not None:
+            return _lost(run, server, ctx, out, died)
         if not reset.ok:  # measured on a warm cache the point would flatter: not run
             out.error = (f"prefix cache reset failed after {reset.attempts} "
                          f"attempt(s): {reset.detail}")[:500]
@@ -217,11 +241,14 @@ def _measure(server: Server, run: PlannedRun, ctx: PointContext, out: Outcome) -
                                       vocab_size=vocab)
             else:
                 res, printed = _bench(server, run, ctx, out.seed, timings)
+    except EngineDiedError as e:  # the watchdog saw it while the client ran
+        return _lost(run, server, ctx, out, e.death)
     except Exception as e:  # noqa: BLE001 - any client failure is recorded, not fatal
-        died = exited(server)
-        out.status = schema.STATUS_INTERRUPTED if died else schema.STATUS_FAILED
-        why = f" (engine exited, code {server.exit_code()})" if died else ""
-        out.error = f"{type(e).__name__}: {e}{why}"[:500]
+        if (died := exited(server)) is not None:
+            return _lost(run, server, ctx, out, died)
+        if isinstance(e, LoadError) and (stuck := server.hung()) is not None:
+            return _lost(run, server, ctx, out, f"{stuck} ({e})", said="")
+        out.error = f"{type(e).__name__}: {e}"[:500]
         out.extra = {"engine_log_tail": server.log_tail()}
         return Measured(record_of(run, server, ctx, out))
     with _timed("metrics scrapes", timings, ctx.steps):
@@ -254,8 +281,9 @@ def _measure(server: Server, run: PlannedRun, ctx: PointContext, out: Outcome) -
             out.status = schema.STATUS_FAILED
             out.error = (f"{out.metrics['failed_requests']} request(s) failed: "
                          f"{error_summary(res)}")[:500]
-    if not server.alive() or (out.status != schema.STATUS_OK and exited(server)):
-        out.status, out.error = schema.STATUS_INTERRUPTED, "engine exited during the run"
+    if (died := server.death() or (exited(server) if out.status != schema.STATUS_OK
+                                   else None)) is not None:
+        return _lost(run, server, ctx, out, died)
     return Measured(record_of(run, server, ctx, out))
 
 
@@ -271,7 +299,7 @@ def _bench(server: Server, run: PlannedRun, ctx: PointContext, seed: int | None,
     client: dict[str, float] = {}
     try:
         return run_bench(argv, api_key=server.api_key, timeout_s=_timeout(run, ctx),
-                         cache=ctx.client, timings=client)
+                         cache=ctx.client, timings=client, death=server.death)
     finally:
         timings.update(client)
         for key, step in CLIENT_STEPS.items():

@@ -36,7 +36,12 @@ from tunebook.measure import client, progress
 from tunebook.measure.executors import ray_address, ray_executor
 from tunebook.measure.executors.base import Executor, Job
 from tunebook.measure.executors.local import LocalExecutor
-from tunebook.measure.locks import experiment_lock, machine_lock, sigterm_as_exception
+from tunebook.measure.locks import (
+    experiment_lock,
+    machine_lock,
+    signals_deferred,
+    sigterm_as_exception,
+)
 from tunebook.measure.point import Measured, PointContext
 from tunebook.measure.progress import StepTimes
 from tunebook.measure.supply import (
@@ -51,6 +56,7 @@ from tunebook.models.presets import resolve_model
 from tunebook.results.compact import REQUESTS_SUFFIX
 from tunebook.results.store import Store, replace_atomic, stamp, write_new
 from tunebook.servers import kinds as server_kinds
+from tunebook.servers.shm import SHM_DIR, SHM_REAP_EVERY_S, reap_shared_memory
 
 
 @dataclass
@@ -140,6 +146,10 @@ class Sweep:
                                    here=self.executor is None)
         config.deadline()  # a malformed deadline is said now, before anything is written
         self.store.check_writable()
+        if self.executor is None and (left := reap_shared_memory(every_s=SHM_REAP_EVERY_S)):
+            print(f"tunebook: removed {len(left)} shared-memory segment(s) in "
+                  f"{SHM_DIR} that engines which died had left (no process maps them)",
+                  file=sys.stderr)
         opts = self.options
         machine = (contextlib.nullcontext() if opts.keeper or not opts.machine_lock
                    else machine_lock(self.wait_s))
@@ -223,7 +233,9 @@ class StoreSink:
         self.store, self.result, self.on_result, self.starts = store, result, on_result, starts
 
     def save(self, measured: Measured) -> None:
-        with self.result.steps.time("save run"):
+        # a SIGTERM that lands while the record is written waits for it: once measured, a
+        # run is kept (the engine dying and the scheduler's SIGTERM can come a moment apart)
+        with signals_deferred(), self.result.steps.time("save run"):
             self.store.save_run(measured.record)
         self._count(measured.row)
 

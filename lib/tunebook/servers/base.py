@@ -52,8 +52,27 @@ class EngineStartError(RuntimeError):
         )
 
 
+class EngineDiedAtStartError(EngineStartError):
+    """A process of the engine was killed while it started (the OOM killer, a crash, a kill
+    from outside): not the config's fault, so a replacement may start (the executor decides).
+    `death` says which process and how."""
+
+    def __init__(self, diagnosis: Diagnosis, log_path: Path, log_tail: str, death: str):
+        super().__init__(diagnosis, log_path, log_tail)
+        self.death = death
+
+
 class EngineRequestError(RuntimeError):
     """A request to the engine's HTTP API failed (status, or no answer)."""
+
+
+class EngineDiedError(RuntimeError):
+    """The engine died while a load point ran on it: which process, and how (the run is
+    `interrupted`, run again on resume, and the rest of its config gets a new engine)."""
+
+    def __init__(self, death: str):
+        super().__init__(f"the engine died: {death}")
+        self.death = death
 
 
 @dataclass(frozen=True)
@@ -121,6 +140,9 @@ class Server(Protocol):
     # makes startup_s a time under contention, not this config's own.
     started_together: int
     engines: int  # engine processes it starts (a prefill/decode pair: 2)
+    # the deaths of the engines of its config that it replaces, in this sweep (set by the
+    # executor; the rows it serves count them)
+    replaces: tuple[str, ...]
 
     @property
     def base_url(self) -> str: ...
@@ -131,8 +153,14 @@ class Server(Protocol):
 
     def alive(self) -> bool: ...
 
-    def exit_code(self) -> int | None:
-        """The exit code of the process that ended it (None while it runs)."""
+    def death(self) -> str | None:
+        """Why it stopped serving on its own: which of its processes exited and how
+        ("engine core exited: SIGKILL (pid …)"); None while every process of it runs (and
+        after a stop tunebook asked for). Cheap: asked between every step of a load point."""
+
+    def hung(self) -> str | None:
+        """Why it no longer answers, when it does not (a process of it stopped, /health
+        silent); None when it answers. Asked when a load point ran out of time."""
 
     def metrics_text(self, timeout_s: float = 5.0) -> str: ...
 
@@ -171,6 +199,7 @@ class ServerBase:
     keep_alive_s: float | None = None
     start_method: str | None = None  # tunebook.servers.launcher: exec, launcher, launcher+fork
     start_method_note: str | None = None  # why a start that could be fast was plain
+    replaces: tuple[str, ...] = ()  # deaths of the engines of its config before it (the sweep's)
 
     def start(self, on_phase: Callable[[str, float], None] | None = None) -> StartupFacts:
         raise NotImplementedError
@@ -194,7 +223,8 @@ class ServerBase:
                 **(self.phases.as_row() if self.phases else {}),
                 "startup_s": self.startup_s, "engines_started_together": self.started_together,
                 "disaggregated": self.disaggregated, "http_keep_alive_s": self.keep_alive_s,
-                "start_method": self.start_method, "start_method_note": self.start_method_note}
+                "start_method": self.start_method, "start_method_note": self.start_method_note,
+                "engine_replaces": len(self.replaces)}
 
 
 def api_key() -> str:

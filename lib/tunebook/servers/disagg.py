@@ -342,9 +342,19 @@ class DisaggPair(ServerBase):
         return (self.prefill.alive() and self.decode.alive()
                 and self.proxy is not None and self.proxy.poll() is None)
 
-    def exit_code(self) -> int | None:
-        proc = self.proc
-        return None if proc is None else proc.poll()
+    def death(self) -> str | None:
+        for role, e in self.roles.items():
+            if (died := e.death()) is not None:
+                return f"{role} engine: {died}"
+        if self.proxy is not None and self.proxy.poll() is not None:
+            return f"the proxy exited (code {self.proxy.returncode})"
+        return None
+
+    def hung(self) -> str | None:
+        for role, e in self.roles.items():
+            if (stuck := e.hung()) is not None:
+                return f"{role} engine: {stuck}"
+        return None
 
     def start(self, on_phase: Callable[[str, float], None] | None = None) -> StartupFacts:
         """Start both engines (at once when both pin their KV pool), then the proxy; raises

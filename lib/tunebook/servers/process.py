@@ -33,10 +33,12 @@ import psutil
 from tunebook.core import config
 from tunebook.core.files import replace_atomic
 from tunebook.core.hardware import machine
+from tunebook.core.threads import Background
 from tunebook.models.presets import ModelRef, weights_gib_estimate
 from tunebook.servers import compile_cache, launcher
 from tunebook.servers.base import (
     DIE_WITH_PARENT_ENV,
+    EngineDiedAtStartError,
     EngineRequestError,
     EngineStartError,
     NoWatch,
@@ -49,6 +51,7 @@ from tunebook.servers.base import (
     http_request,
     portable_argv,
 )
+from tunebook.servers.shm import mapped_by_any, reap_shared_memory, shared_memory_of
 from tunebook.servers.start_phases import (
     StartPhases,
     parse_phases,
@@ -56,7 +59,8 @@ from tunebook.servers.start_phases import (
     running_phase,
     spawn_line,
 )
-from tunebook.servers.startup import StartupFacts, diagnose, strip_ansi
+from tunebook.servers.startup import Diagnosis, StartupFacts, diagnose, strip_ansi
+from tunebook.servers.watchdog import KILLED_BY, Death, Watchdog, returncode_text
 
 RESET_OK, RESET_BUSY, RESET_FAILED = "ok", "busy", "failed"  # reset_answer's verdicts
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
@@ -118,23 +122,23 @@ def _group_members(pgid: int) -> list[psutil.Process]:
 STOP_GRACE_S = 20.0  # a serving engine: time to close its connections and its engine core
 NOT_READY_GRACE_S = 3.0  # one that never became ready (Engine.stop says why)
 
+# vLLM's own lines naming a process of it that died, with multiprocessing's exit code (-9:
+# SIGKILL): a start whose watchdog had not yet seen that process still learns how it ended
+_LOGGED_DEATHS = (re.compile(r"Worker proc (\S+) died unexpectedly \(exit code: (-\d+)\)"),
+                  re.compile(r"Failed core proc\(s\): \{'([^']+)': (-\d+)"))
 
-SHM_DIR = Path("/dev/shm")
-SHM_PREFIX = "psm_"  # multiprocessing.shared_memory's names: vLLM's message queues
 
-
-def _shared_memory_of(members: list[psutil.Process]) -> set[Path]:
-    """The multiprocessing shared-memory segments (/dev/shm/psm_*) these processes map."""
-    found = set()
-    for p in members:
-        try:
-            with open(f"/proc/{p.pid}/maps", encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    at = line.find(f"{SHM_DIR}/{SHM_PREFIX}")
-                    if at >= 0 and not line.rstrip().endswith("(deleted)"):
-                        found.add(Path(line[at:].rstrip()))
-        except OSError:  # gone already, or not ours to read
-            continue
+def logged_death(log: str) -> tuple[Death | None, str | None]:
+    """The last process vLLM's log says a signal killed, as a Death (pid unknown: 0), and the
+    log line that says so."""
+    found: tuple[Death | None, str | None] = (None, None)
+    for pattern in _LOGGED_DEATHS:
+        for m in pattern.finditer(log):
+            how = returncode_text(int(m.group(2)))
+            if how.startswith(KILLED_BY):
+                role = "worker" if "Worker" in pattern.pattern else "engine core"
+                line = log[log.rfind("\n", 0, m.start()) + 1:log.find("\n", m.end())]
+                found = (Death(role, m.group(1), 0, how, time.time()), line.strip())
     return found
 
 
@@ -144,7 +148,7 @@ def kill_group(pgid: int, grace_s: float = STOP_GRACE_S) -> None:
     them (and the resource tracker that would unlink them, killed with the group) leaves them
     in /dev/shm: memory on a GPU box, where vLLM's message queues are touched. Only names the
     group mapped, only once every process of it is gone, and none another process maps."""
-    shm = _shared_memory_of(_group_members(pgid))
+    shm = shared_memory_of(_group_members(pgid))
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
@@ -160,24 +164,8 @@ def kill_group(pgid: int, grace_s: float = STOP_GRACE_S) -> None:
     while time.monotonic() < deadline and _group_members(pgid):
         time.sleep(0.1)
     left = {p for p in shm if p.exists()} if not _group_members(pgid) else set()
-    for path in left - _mapped_by_any(left):  # e.g. a launcher the engine was forked from
+    for path in left - mapped_by_any(left):  # e.g. a launcher the engine was forked from
         path.unlink(missing_ok=True)
-
-
-def _mapped_by_any(paths: set[Path]) -> set[Path]:
-    """Those of `paths` that some live process still maps (read only when segments are
-    left: a clean stop unlinks its own)."""
-    if not paths:
-        return set()
-    names = {p: str(p).encode() for p in paths}
-    mapped = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            data = maps.read_bytes()
-        except OSError:
-            continue
-        mapped |= {p for p, name in names.items() if name in data}
-    return mapped
 
 
 def reap_orphans() -> list[int]:
@@ -238,6 +226,8 @@ class ProcessServer(ServerBase, ABC):
     fast_start_ok = False  # its server can be forked from a launcher (tunebook.servers.launcher)
     preload: tuple[str, ...] = ()  # what else a launcher imports for it (each if it exists)
     fast_start: bool | None = None  # params' fast_start (None: TUNEBOOK_FAST_START decides)
+    # how the kind titles the processes its server makes (the watchdog watches those too)
+    process_titles: tuple[str, ...] = ()
 
     def __init__(self, model: ModelRef, knobs: dict[str, Any] | None = None,
                  env: dict[str, str] | None = None, log_path: Path | str = "engine.log",
@@ -260,6 +250,8 @@ class ProcessServer(ServerBase, ABC):
         self.started_together = 1
         self.process_tree: list[dict[str, Any]] = []
         self._pidfile: _PidFile | None = None
+        self.watchdog: Watchdog | None = None
+        self._spawned_at: float | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     @property
@@ -284,10 +276,19 @@ class ProcessServer(ServerBase, ABC):
         return {}
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.proc is not None and self.proc.poll() is None and self.death() is None
 
-    def exit_code(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
+    def death(self) -> str | None:
+        found = self.watchdog.death() if self.watchdog is not None else None
+        return str(found) if found is not None else None
+
+    def hung(self) -> str | None:
+        stopped = self.watchdog.stopped() if self.watchdog is not None else None
+        if stopped:
+            return f"the engine stopped answering: its {stopped}"
+        if self.proc is not None and not self._health(timeout_s=5):
+            return "the engine stopped answering: GET /health gave no answer in 5 s"
+        return None
 
     def start(self, on_phase: Callable[[str, float], None] | None = None) -> StartupFacts:
         """Start and wait until /health answers. Raises EngineStartError with a diagnosis."""
@@ -299,8 +300,9 @@ class ProcessServer(ServerBase, ABC):
             # tunebook's clock in the log: the phases of the start are cut from this line
             log.write(spawn_line().encode())
             log.flush()
-            t0 = time.monotonic()
+            t0, self._spawned_at = time.monotonic(), time.time()
             self.proc = self._launch(env, log)
+        self.watchdog = Watchdog(self.proc.pid, self.process_titles, self.proc.poll)
         _LIVE.add(self)
         self._pidfile = _PidFile.write(self.proc.pid, self.port, self.log_path)
         try:
@@ -314,6 +316,7 @@ class ProcessServer(ServerBase, ABC):
         text = self.log_text()
         self.facts = self.parse_facts(text)
         self.phases = parse_phases(text, self.startup_s, engine=self.kind)
+        self.watchdog.scan(force=True)  # every process it serves with is up now
         self.process_tree = self.snapshot_process_tree()
         return self.facts
 
@@ -371,10 +374,14 @@ class ProcessServer(ServerBase, ABC):
 
     def _wait_ready(self, t0: float, on_phase: Callable[[str, float], None] | None) -> None:
         phase, seen = "starting", 0
+        assert self.watchdog is not None
         while True:
             elapsed = time.monotonic() - t0
-            if self.proc is not None and self.proc.poll() is not None:
-                self._fail(exit_code=self.proc.returncode)
+            self.watchdog.scan()
+            died = self.watchdog.death()
+            if died is not None or (self.proc is not None and self.proc.poll() is not None):
+                self._fail(exit_code=self.proc.poll() if self.proc is not None else None,
+                           died=died)
             if self._health():
                 if on_phase:
                     on_phase("ready", elapsed)
@@ -386,10 +393,20 @@ class ProcessServer(ServerBase, ABC):
                 if len(text) > seen:
                     phase, seen = running_phase(text, self.kind), len(text)
                 on_phase(phase, elapsed)
-            time.sleep(0.5)
+            time.sleep(0.25)
 
-    def _fail(self, *, timed_out: bool = False, exit_code: int | None = None) -> None:
+    def _fail(self, *, timed_out: bool = False, exit_code: int | None = None,
+              died: Death | None = None) -> None:
         text = self.log_text()
+        killed, line = ((died, None) if died is not None and died.how.startswith(KILLED_BY)
+                        else logged_death(text))
+        if killed is not None:  # not the config: a process of it was killed from outside
+            raise EngineDiedAtStartError(Diagnosis(
+                f"the engine died during its start: {killed}", line,
+                "a process of the engine was killed from outside (the OOM killer, a crash, "
+                "a kill): a replacement engine is started; if it happens again, look at the "
+                "machine's memory (dmesg) and what else runs there"),
+                self.log_path, self.log_tail(text=text), str(killed))
         weights = (weights_gib_estimate(self.model.config, str(self.knobs.get("dtype", "auto")),
                                         self.knobs.get("quantization"))
                    if self.model.config else None)
@@ -397,24 +414,29 @@ class ProcessServer(ServerBase, ABC):
                         device_memory_gib=machine().get("gpu_memory_gib"), weights_gib=weights)
         raise EngineStartError(diag, self.log_path, self.log_tail(text=text))
 
-    def _health(self) -> bool:
+    def _health(self, timeout_s: float = 2.0) -> bool:
         # SGLang checks the key on /health too; vLLM ignores it there
         req = urllib.request.Request(f"{self.base_url}/health",
                                      headers={"Authorization": f"Bearer {self.api_key}"})
         try:
-            with urllib.request.urlopen(req, timeout=2) as r:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
     def stop(self) -> None:
         if self.proc is not None:
-            # an engine that never answered /health has nothing to drain: a short grace. vLLM
-            # 0.32's API server waits for its engine core's handshake in a blocking zmq poll
-            # inside its event loop, where its SIGTERM handler cannot run: stopped there (a
-            # start that timed out, Ctrl-C during a start) it sat out the whole 20 s grace
-            kill_group(self.proc.pid, grace_s=(STOP_GRACE_S if self.startup_s is not None
-                                               else NOT_READY_GRACE_S))
+            # an engine that never answered /health, or one a process of which died, has
+            # nothing to drain: a short grace. vLLM 0.32's API server waits for its engine
+            # core's handshake in a blocking zmq poll inside its event loop, where its SIGTERM
+            # handler cannot run: stopped there (a start that timed out, Ctrl-C during a
+            # start) it sat out the whole 20 s grace
+            died = self.death()  # asked before the stop: what the stop ends is no death
+            stuck = self.watchdog.stopped() if self.watchdog is not None else None
+            if self.watchdog is not None:
+                self.watchdog.close()
+            broken = self.startup_s is None or died is not None or stuck is not None
+            kill_group(self.proc.pid, grace_s=NOT_READY_GRACE_S if broken else STOP_GRACE_S)
             try:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -422,6 +444,10 @@ class ProcessServer(ServerBase, ABC):
         if self._pidfile:
             self._pidfile.remove()
             self._pidfile = None
+        if self.death() is not None and self._spawned_at is not None:
+            # its processes that died first took their segments' names with them (kill_group
+            # saw only the living): what it made and nobody maps now goes too
+            reap_shared_memory(min_age_s=0, since=self._spawned_at)
         _LIVE.discard(self)
 
     # -- talking to it (loopback only) -----------------------------------------------------
@@ -431,7 +457,24 @@ class ProcessServer(ServerBase, ABC):
         is returned, not raised; no answer at all raises EngineRequestError."""
         if self.port is None:
             raise EngineRequestError("the engine was not started")
-        return http_request(self.base_url, self.api_key, method, path, body, timeout_s)
+        box: dict[str, Any] = {}
+
+        def call() -> None:
+            try:
+                box["answer"] = http_request(self.base_url, self.api_key, method, path, body,
+                                             timeout_s)
+            except BaseException as e:  # noqa: BLE001 - raised below, on the caller's thread
+                box["error"] = e
+
+        # an engine whose engine core died may still accept a request and never answer it:
+        # the request ends when the watchdog sees the death, not at its timeout
+        call_bg = Background(call, "engine-request")
+        while not call_bg.wait(0.1):
+            if (died := self.death()) is not None:
+                raise EngineRequestError(f"{method} {path}: the engine died ({died})")
+        if "error" in box:
+            raise box["error"]
+        return box["answer"]
 
     def metrics_text(self, timeout_s: float = 5.0) -> str:
         """`GET /metrics`: vLLM's Prometheus text (tunebook.servers.metrics parses it)."""
@@ -465,7 +508,8 @@ class ProcessServer(ServerBase, ABC):
         # no secrets in argv (the key is in the environment), and no machine paths: the model
         # folder is named relative to the model cache
         return {"argv": portable_argv(self.argv[1:]), "env": self.env,
-                "log": os.path.relpath(self.log_path, root), "process_tree": self.process_tree}
+                "log": os.path.relpath(self.log_path, root), "process_tree": self.process_tree,
+                "replaces": list(self.replaces)}
 
     def log_text(self) -> str:
         try:

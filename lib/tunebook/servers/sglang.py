@@ -230,6 +230,7 @@ class SGLangServer(ProcessServer):
     kind = SGLANG
     server_module = LAUNCHER
     reset_path = "/flush_cache"
+    process_titles = ("sglang::",)  # sglang::scheduler, sglang::detokenizer
 
     def build_argv(self, port: int) -> list[str]:
         return sglang_argv(self.python, self.model.path_or_id, self.model.tokenizer,

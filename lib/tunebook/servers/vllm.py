@@ -71,6 +71,7 @@ class Engine(ProcessServer):
     server_module = SERVER_MODULE
     reset_path = "/reset_prefix_cache"
     fast_start_ok = True
+    process_titles = ("VLLM::",)  # VLLM::EngineCore, VLLM::Worker… (setproctitle)
     # What a start imports after the API server module, each where this vLLM has it (0.32 has
     # no vllm.entrypoints.openai.cli_args, the older parser's home; what is missing is skipped
     # and imported on demand): the entry point and its argument parser, the engine client, the

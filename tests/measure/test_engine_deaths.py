@@ -1,0 +1,259 @@
+"""One process of an engine dies, as the OOM killer or a crash makes it: `kill -9` of the API
+server, the engine core or the worker, during the engine's start, during a load point and
+between two points, with forked starts and with plain ones (marked `engine`).
+
+Every case must end the same way: the point in flight (if any) stored `interrupted`, saying
+which process died and how, found within DETECT_S of the kill; every other process of that
+engine gone (no zombie, no orphan worker, no /dev/shm segment); a replacement engine for the
+points left, which are `ok`; resume runs exactly the interrupted points again.
+
+Engine starts are the cost, so each start method is one sweep: the engine of each case is the
+replacement of the case before (9 cases, 10 engines, 3 of them cut short), eager (no compile)
+and one user of short answers. The kills between two points happen inside the sweep's
+`on_result` (the sweep is between its points there, however fast the machine); those during a
+point when the engine logs the point's first request; those during a start when the worker
+begins to load the weights (every process of the engine up, the start seconds from done)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from tunebook.inputs import params as P
+from tunebook.measure.sweep import Sweep, SweepOptions
+from tunebook.servers import process, shm
+from tunebook.servers.watchdog import SCAN_EVERY_S
+
+pytestmark = pytest.mark.engine
+
+DETECT_S = 10.0  # the issue's bound: a death found within this many seconds of the kill
+ROLES = {"API server": None, "engine core": "VLLM::EngineCore", "worker": "VLLM::Worker"}
+# (moment, role) in the order the sweep meets them; start deaths never three in a row
+# (tunebook.measure.executors.local.MAX_DEATHS gives a config up after three)
+CASES = [("start", "API server"), ("point", "API server"), ("between", "API server"),
+         ("start", "engine core"), ("point", "engine core"), ("between", "engine core"),
+         ("start", "worker"), ("point", "worker"), ("between", "worker")]
+POINTS = sum(m != "start" for m, _ in CASES) + 1  # one per point/between case, one after
+
+
+@dataclass
+class Case:
+    moment: str
+    role: str
+    pgid: int | None = None  # the engine it killed
+    pid: int | None = None
+    killed_at: float | None = None
+    replaced_after_s: float | None = None  # kill -> the next engine's pid file
+    members: list[int] = field(default_factory=list)
+
+
+class Killer:
+    """Walks CASES as the sweep goes: each case kills one process of the engine up then."""
+
+    def __init__(self, exp: Path):
+        self.exp = exp
+        self.cases = [Case(m, r) for m, r in CASES]
+        self.i = 0
+        self.seen: set[int] = set()  # engines (pgids) already used by a case
+        self.error: BaseException | None = None
+        self.served = self.loads = 0
+        self.stop = threading.Event()
+
+    @property
+    def case(self) -> Case | None:
+        return self.cases[self.i] if self.i < len(self.cases) else None
+
+    def engine(self) -> int | None:
+        """The engine up now that no case has killed yet."""
+        new = [e["pgid"] for e in process.list_engines() if e["pgid"] not in self.seen]
+        return new[0] if new else None
+
+    def _target(self, pgid: int, role: str) -> int | None:
+        title = ROLES[role]
+        if title is None:
+            return pgid
+        try:
+            kids = psutil.Process(pgid).children(recursive=True)
+        except psutil.Error:
+            return None
+        for p in kids:
+            try:
+                if p.cmdline() and p.cmdline()[0].startswith(title) \
+                        and p.status() != psutil.STATUS_ZOMBIE:
+                    return p.pid
+            except psutil.Error:
+                continue
+        return None
+
+    def kill(self, pgid: int) -> None:
+        case = self.case
+        assert case is not None
+        pid = self._target(pgid, case.role)
+        assert pid is not None, f"no {case.role} in engine {pgid}"
+        case.members = [p.pid for p in process._group_members(pgid)]
+        case.pgid, case.pid, case.killed_at = pgid, pid, time.time()
+        self.pidfd = os.pidfd_open(pid)
+        os.kill(pid, signal.SIGKILL)
+        self.seen.add(pgid)
+        self.i += 1
+        self.served = _completions(self.exp)  # a point case waits for a request after these
+        self.loads = _loads(self.exp)  # a start case, for the next engine's weights
+
+    def between(self, row: dict) -> None:
+        """The sweep's on_result: a point stored, the next not begun."""
+        case = self.case
+        if case is None or case.moment != "between" or row["status"] != "ok":
+            return
+        pgid = self.engine()
+        if pgid is not None:
+            self.kill(pgid)
+            # dead before the sweep goes on (every thread of it: what a pidfd waits for), so
+            # the sweep must see the death there, not race it
+            select.select([self.pidfd], [], [], 10)
+
+    def run(self) -> None:
+        """The start and point cases, on a thread (the between ones run in on_result)."""
+        try:
+            while not self.stop.is_set() and self.case is not None:
+                case, pgid = self.case, self.engine()
+                if pgid is None or case.moment == "between":
+                    self._note_replacement()
+                    time.sleep(0.05)
+                    continue
+                if case.moment == "start" and _loads(self.exp) > self.loads \
+                        and self._target(pgid, case.role) is not None:
+                    # the worker loads the weights: every process up, the start seconds from
+                    # done. The watchdog looks for new processes every SCAN_EVERY_S (one
+                    # killed younger than that is the failed start vLLM's log describes)
+                    time.sleep(1.5 * SCAN_EVERY_S)
+                    self.kill(pgid)
+                elif case.moment == "point" and _completions(self.exp) > self.served:
+                    self.kill(pgid)
+                self._note_replacement()
+                time.sleep(0.02)
+            while not self.stop.is_set() and self.cases[-1].replaced_after_s is None:
+                self._note_replacement()
+                time.sleep(0.05)
+        except BaseException as e:  # noqa: BLE001 - raised in the test's thread
+            self.error = e
+
+    def _note_replacement(self) -> None:
+        waiting = [c for c in self.cases if c.killed_at is not None and c.replaced_after_s is None]
+        if waiting and self.engine():
+            for c in waiting:
+                c.replaced_after_s = time.time() - c.killed_at
+
+
+def _completions(exp: Path) -> int:
+    return sum(p.read_text(errors="replace").count("POST /v1/completions")
+               for p in (exp / "engines").glob("*.log")) if (exp / "engines").is_dir() else 0
+
+
+def _loads(exp: Path) -> int:
+    """Weight loads begun (the worker's first line of it), every engine of the sweep."""
+    return sum(p.read_text(errors="replace").count("Starting to load model")
+               for p in (exp / "engines").glob("*.log")) if (exp / "engines").is_dir() else 0
+
+
+def _records(exp: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((exp / "runs").glob("*.json"))]
+
+
+def _segments() -> set[Path]:
+    return set(shm.SHM_DIR.glob(f"{shm.SHM_PREFIX}*")) if shm.SHM_DIR.is_dir() else set()
+
+
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNEBOOK_STATE_DIR", str(tmp_path / "state"))
+
+
+@pytest.mark.parametrize("method", ["forked", "plain"])
+def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    if method == "plain":
+        monkeypatch.setenv("TUNEBOOK_FAST_START", "0")
+    params = tmp_path / "deaths.yaml"
+    params.write_text(yaml.safe_dump({
+        "experiment": "deaths", "model": "qwen3-tiny",
+        "engine": {"max_model_len": 512, "enforce_eager": True},
+        "engine_env": {"VLLM_CPU_KVCACHE_SPACE": 1},
+        # one engine config; its points are repeats of one user's load
+        "load": {"users": [1], "input_len": 16, "output_len": 48, "prompts_per_user": 2,
+                 "num_warmups": 0, "reset_prefix_cache": False},
+        "repeats": POINTS, "startup_timeout_s": 300}))
+    exp = tmp_path / "deaths"
+    segments_before = _segments()
+    killer = Killer(exp)
+    t = threading.Thread(target=killer.run, daemon=True)
+    t.start()
+    sweep = Sweep(P.load(params), tmp_path, SweepOptions(progress=False,
+                                                         on_result=killer.between))
+    try:
+        result = sweep.run()
+    finally:
+        killer.stop.set()
+        t.join(10)
+    if killer.error:
+        raise killer.error
+    records = _records(exp)
+    rows = [r["row"] for r in records]
+    table = [(c.moment, c.role, c.pid, c.replaced_after_s) for c in killer.cases]
+    story = (f"cases: {table}\nrows: {[(r['status'], r['error']) for r in rows]}\n"
+             f"deaths: {max(records, key=lambda r: r['row']['started_at'])['engine']['replaces']}")
+    print(story)
+    assert killer.case is None, story
+
+    # the point in flight: interrupted, saying which process died and how, found in time
+    interrupted = [r for r in records if r["row"]["status"] == "interrupted"]
+    point_cases = [c for c in killer.cases if c.moment == "point"]
+    assert len(interrupted) == len(point_cases), [(r["row"]["status"], r["row"]["error"])
+                                                  for r in records]
+    for case, rec in zip(point_cases, sorted(interrupted, key=lambda r: r["row"]["started_at"]),
+                         strict=True):
+        said = rec["row"]["error"]
+        assert f"{case.role} exited: SIGKILL" in said, (case, said)
+        found = rec["engine_lost"]["found_at"] - case.killed_at
+        assert 0 <= found < DETECT_S, (case, found)
+    # every other point ok, each on the engine of its turn
+    assert [r["status"] for r in rows].count("ok") == POINTS - len(point_cases), rows
+    assert result.ok == POINTS - len(point_cases) and result.failed == len(point_cases)
+    # the deaths, in order, as the rows of the last engine count them: which process, how
+    last = max(records, key=lambda r: r["row"]["started_at"])
+    deaths = last["engine"]["replaces"]
+    assert last["row"]["engine_replaces"] == len(CASES) == len(deaths), deaths
+    for case, death in zip(killer.cases, deaths, strict=True):
+        assert death.startswith(f"{case.role} exited: SIGKILL"), (case, death)
+        want = {"start": "during its start", "between": "between two runs",
+                "point": "during "}[case.moment]
+        assert want in death, (case, death)
+        assert case.replaced_after_s is not None and case.replaced_after_s < DETECT_S, case
+    # nothing of a killed engine left: no process, no zombie, no pid file, no segment
+    for case in killer.cases:
+        left = [p for p in case.members if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert not left, (case, left)
+        assert not process._group_members(case.pgid), case
+    assert process.list_engines() == []
+    leaked = (_segments() - segments_before) - shm.mapped_by_any(_segments() - segments_before)
+    assert not leaked, leaked
+    # resume: exactly the interrupted points, run again
+    again = Sweep(P.load(params), tmp_path, SweepOptions(progress=False))
+    todo = {r.run_id for r in again.plan.runs} - again.done()
+    assert todo == {r["row"]["run_id"] for r in interrupted}
+    if method == "forked":
+        assert {r["start_method"] for r in rows} == {"launcher+fork"}, rows
+    else:
+        assert {r["start_method"] for r in rows} == {"exec"}, rows
+    print(f"\n{method}: " + "; ".join(
+        f"{c.moment}/{c.role}: replaced after {c.replaced_after_s:.1f}s" for c in killer.cases))
