@@ -9,7 +9,10 @@ points left, which are `ok`; resume runs exactly the interrupted points again.
 
 Engine starts are the cost, so each start method is one sweep: the engine of each case is the
 replacement of the case before (9 cases, 10 engines, 3 of them cut short), eager (no compile)
-and one user of short answers. The kills between two points happen inside the sweep's
+and one user of short answers. A plain start costs about four forked ones here (vLLM is
+imported again by each of its three processes), so `make test` runs the whole matrix forked
+and, plain, a Latin square of it (each process once, each moment once: PLAIN_CASES);
+`make test-faults` (TUNEBOOK_FULL_FAULT_MATRIX=1) runs all nine plain cases too. The kills between two points happen inside the sweep's
 `on_result` (the sweep is between its points there, however fast the machine); those during a
 point when the engine logs the point's first request; those during a start when the worker
 begins to load the weights (every process of the engine up, the start seconds from done)."""
@@ -42,8 +45,17 @@ ROLES = {"API server": None, "engine core": "VLLM::EngineCore", "worker": "VLLM:
 # (tunebook.measure.executors.local.MAX_DEATHS gives a config up after three)
 CASES = [("start", "API server"), ("point", "API server"), ("between", "API server"),
          ("start", "engine core"), ("point", "engine core"), ("between", "engine core"),
-         ("start", "worker"), ("point", "worker"), ("between", "worker")]
-POINTS = sum(m != "start" for m, _ in CASES) + 1  # one per point/between case, one after
+         ("start", "worker"), ("point", "worker"), ("between", "worker"),
+         # not a death: the engine core stopped (SIGSTOP) mid-point; the point ends at its
+         # run timeout saying the engine stopped answering, and a new engine runs the rest
+         ("hang", "engine core")]
+RUN_TIMEOUT_S = 8  # a point here takes ~2 s
+PLAIN_CASES = [("point", "API server"), ("start", "engine core"), ("between", "worker")]
+FULL_ENV = "TUNEBOOK_FULL_FAULT_MATRIX"
+
+
+def cases_of(method: str) -> list[tuple[str, str]]:
+    return CASES if method == "forked" or os.environ.get(FULL_ENV) == "1" else PLAIN_CASES
 
 
 @dataclass
@@ -60,9 +72,9 @@ class Case:
 class Killer:
     """Walks CASES as the sweep goes: each case kills one process of the engine up then."""
 
-    def __init__(self, exp: Path):
+    def __init__(self, exp: Path, cases: list[tuple[str, str]]):
         self.exp = exp
-        self.cases = [Case(m, r) for m, r in CASES]
+        self.cases = [Case(m, r) for m, r in cases]
         self.i = 0
         self.seen: set[int] = set()  # engines (pgids) already used by a case
         self.error: BaseException | None = None
@@ -103,7 +115,7 @@ class Killer:
         case.members = [p.pid for p in process._group_members(pgid)]
         case.pgid, case.pid, case.killed_at = pgid, pid, time.time()
         self.pidfd = os.pidfd_open(pid)
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGSTOP if case.moment == "hang" else signal.SIGKILL)
         self.seen.add(pgid)
         self.i += 1
         self.served = _completions(self.exp)  # a point case waits for a request after these
@@ -137,7 +149,7 @@ class Killer:
                     # killed younger than that is the failed start vLLM's log describes)
                     time.sleep(1.5 * SCAN_EVERY_S)
                     self.kill(pgid)
-                elif case.moment == "point" and _completions(self.exp) > self.served:
+                elif case.moment in ("point", "hang") and _completions(self.exp) > self.served:
                     self.kill(pgid)
                 self._note_replacement()
                 time.sleep(0.02)
@@ -183,6 +195,8 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     if method == "plain":
         monkeypatch.setenv("TUNEBOOK_FAST_START", "0")
+    cases = cases_of(method)
+    points = sum(m != "start" for m, _ in cases) + 1  # one per point/between case, one after
     params = tmp_path / "deaths.yaml"
     params.write_text(yaml.safe_dump({
         "experiment": "deaths", "model": "qwen3-tiny",
@@ -191,10 +205,10 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
         # one engine config; its points are repeats of one user's load
         "load": {"users": [1], "input_len": 16, "output_len": 48, "prompts_per_user": 2,
                  "num_warmups": 0, "reset_prefix_cache": False},
-        "repeats": POINTS, "startup_timeout_s": 300}))
+        "repeats": points, "startup_timeout_s": 300, "run_timeout_s": RUN_TIMEOUT_S}))
     exp = tmp_path / "deaths"
     segments_before = _segments()
-    killer = Killer(exp)
+    killer = Killer(exp, cases)
     t = threading.Thread(target=killer.run, daemon=True)
     t.start()
     sweep = Sweep(P.load(params), tmp_path, SweepOptions(progress=False,
@@ -216,23 +230,30 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
 
     # the point in flight: interrupted, saying which process died and how, found in time
     interrupted = [r for r in records if r["row"]["status"] == "interrupted"]
-    point_cases = [c for c in killer.cases if c.moment == "point"]
-    assert len(interrupted) == len(point_cases), [(r["row"]["status"], r["row"]["error"])
-                                                  for r in records]
+    point_cases = [c for c in killer.cases if c.moment in ("point", "hang")]
+    assert len(interrupted) == len(point_cases), story
     for case, rec in zip(point_cases, sorted(interrupted, key=lambda r: r["row"]["started_at"]),
                          strict=True):
         said = rec["row"]["error"]
-        assert f"{case.role} exited: SIGKILL" in said, (case, said)
         found = rec["engine_lost"]["found_at"] - case.killed_at
+        if case.moment == "hang":  # at the run timeout, not a bare timeout
+            stopped = f"the engine stopped answering: its {case.role} is stopped"
+            assert said.startswith(stopped), said
+            assert RUN_TIMEOUT_S - 1 < found < RUN_TIMEOUT_S + DETECT_S, (case, found)
+            continue
+        assert f"{case.role} exited: SIGKILL" in said, (case, said)
         assert 0 <= found < DETECT_S, (case, found)
     # every other point ok, each on the engine of its turn
-    assert [r["status"] for r in rows].count("ok") == POINTS - len(point_cases), rows
-    assert result.ok == POINTS - len(point_cases) and result.failed == len(point_cases)
+    assert [r["status"] for r in rows].count("ok") == points - len(point_cases), rows
+    assert result.ok == points - len(point_cases) and result.failed == len(point_cases)
     # the deaths, in order, as the rows of the last engine count them: which process, how
     last = max(records, key=lambda r: r["row"]["started_at"])
     deaths = last["engine"]["replaces"]
-    assert last["row"]["engine_replaces"] == len(CASES) == len(deaths), deaths
+    assert last["row"]["engine_replaces"] == len(cases) == len(deaths), deaths
     for case, death in zip(killer.cases, deaths, strict=True):
+        if case.moment == "hang":
+            assert death.startswith("the engine stopped answering"), (case, death)
+            continue
         assert death.startswith(f"{case.role} exited: SIGKILL"), (case, death)
         want = {"start": "during its start", "between": "between two runs",
                 "point": "during "}[case.moment]
