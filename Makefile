@@ -9,7 +9,7 @@ PARAMS ?= params/quickstart.yaml
 MODELS ?= smollm2-135m
 
 .DEFAULT_GOAL := help
-.PHONY: help install models demo test test-fast-start test-fast lint plan bench-overhead bench-starts clean
+.PHONY: help install models demo test test-fast-start test-faults test-fast lint plan bench-overhead bench-starts clean
 
 help: ## list the documented targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ test: $(STAMP) models ## the whole suite, real vLLM engines included (9:28-9:50 
 
 test-fast-start: $(STAMP) models ## only the plain-vs-launcher starts of SmolLM2 (in make test too; 3 engine starts, ~1 min)
 	$(BIN)/python -m pytest -q -ra -m fast_start tests
+
+test-faults: $(STAMP) models ## kill -9 of each engine process at each moment, forked and plain: the whole matrix (make test runs a Latin square of the plain one; ~8 min)
+	TUNEBOOK_FULL_FAULT_MATRIX=1 $(BIN)/python -m pytest -q -ra -s tests/measure/test_engine_deaths.py
 
 test-fast: $(STAMP) models ## the suite without engine starts (~105 s on 2 cores: about 1,000 tests and nine background replots)
 	$(BIN)/python -m pytest -q -m "not engine" tests

@@ -12,7 +12,8 @@ replacement of the case before (9 cases, 10 engines, 3 of them cut short), eager
 and one user of short answers. A plain start costs about four forked ones here (vLLM is
 imported again by each of its three processes), so `make test` runs the whole matrix forked
 and, plain, a Latin square of it (each process once, each moment once: PLAIN_CASES);
-`make test-faults` (TUNEBOOK_FULL_FAULT_MATRIX=1) runs all nine plain cases too. The kills between two points happen inside the sweep's
+`make test-faults` (TUNEBOOK_FULL_FAULT_MATRIX=1) runs all nine plain cases too. The kills
+between two points happen inside the sweep's
 `on_result` (the sweep is between its points there, however fast the machine); those during a
 point when the engine logs the point's first request; those during a start when the worker
 begins to load the weights (every process of the engine up, the start seconds from done)."""
