@@ -265,11 +265,37 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             continue
         seen.add(key)
         text = log.read_text(errors="replace")
-        # a start tunebook made writes its spawn line; a test's hand-made vLLM log has none
-        if "tunebook: spawning the server at" in text and (
-                "APIServer pid=" in text or "vllm.entrypoints.openai.api_server" in text):
-            started += 1
-            ready += "Application startup complete" in text
+        # a start tunebook made writes its spawn line (each start of a config that replaced a
+        # dead engine appends to the same log); a test's hand-made vLLM log has none
+        if "APIServer pid=" in text or "vllm.entrypoints.openai.api_server" in text:
+            started += text.count("tunebook: spawning the server at")
+            ready += text.count("Application startup complete")
     if started:
         terminalreporter.write_line(
             f"vLLM engine starts this session: {started} ({ready} became ready)")
+
+
+_EXIT_STATUS: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _EXIT_STATUS.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """pytest has said all it says: leave without the interpreter's teardown when triton's
+    compiled module is loaded (vLLM's client imports it), whose nanobind bindings print dozens
+    of "leaked function" lines at teardown (tunebook.cli._quiet_exit does the same for the
+    command). atexit handlers still run (engines stopped), streams are flushed."""
+    if "triton._C.libtriton" not in sys.modules or not _EXIT_STATUS:
+        return
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream: nothing left to say
+            pass
+    os._exit(_EXIT_STATUS[-1])
