@@ -67,6 +67,8 @@ class Case:
     pid: int | None = None
     killed_at: float | None = None
     replaced_after_s: float | None = None  # kill -> the next engine's pid file
+    found_after_s: float | None = None  # kill -> the interrupted row's engine_lost.found_at
+    said: str | None = None  # that row's error
     members: list[int] = field(default_factory=list)
 
 
@@ -244,6 +246,7 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
                          strict=True):
         said = rec["row"]["error"]
         found = rec["engine_lost"]["found_at"] - case.killed_at
+        case.found_after_s, case.said = found, said
         if case.moment == "hang":  # at the run timeout, not a bare timeout
             stopped = f"the engine stopped answering: its {case.role} is stopped"
             assert said.startswith(stopped), said
@@ -285,4 +288,8 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
     else:
         assert {r["start_method"] for r in rows} == {"exec"}, rows
     print(f"\n{method}: " + "; ".join(
-        f"{c.moment}/{c.role}: replaced after {c.replaced_after_s:.1f}s" for c in killer.cases))
+        f"{c.moment}/{c.role}: " + (f"row found after {c.found_after_s:.2f}s, " if c.said else "")
+        + f"replaced after {c.replaced_after_s:.1f}s" for c in killer.cases))
+    for c, d in zip(killer.cases, deaths, strict=True):
+        print(f"DEATH {method} | {c.moment} | {c.role} | {c.said or '(no run in flight)'} | "
+              f"{d} | {c.found_after_s or ''} | {c.replaced_after_s:.2f}")
