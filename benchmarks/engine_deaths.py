@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import yaml
@@ -70,6 +71,7 @@ def target(pgid: int, role: str) -> int | None:
 
 
 def one(params: Path, out: Path, method: str, role: str, state: Path) -> dict:
+    os.environ["TUNEBOOK_STATE_DIR"] = str(state)  # list_engines reads this sweep's pid files
     env = {**os.environ, "TUNEBOOK_FAST_START": "1" if method == "forked" else "0",
            "TUNEBOOK_STATE_DIR": str(state), "TUNEBOOK_BATCH": "1"}
     exp = out / yaml.safe_load(params.read_text())["experiment"]
@@ -78,7 +80,16 @@ def one(params: Path, out: Path, method: str, role: str, state: Path) -> dict:
                               "--outputs", str(out)], env=env, stdout=log,
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                              start_new_session=True)
-    os.environ["TUNEBOOK_STATE_DIR"] = str(state)  # list_engines reads this sweep's pid files
+    try:
+        return _watch(sweep, exp, out, method, role, log)
+    except StoppedError as e:
+        sweep.terminate()  # the sweep marks its run interrupted and stops its engine
+        sweep.wait(60)
+        return {"method": method, "role": role, "error": f"stopped ({e}) before the end"}
+
+
+def _watch(sweep: subprocess.Popen, exp: Path, out: Path, method: str, role: str,
+           log: Any) -> dict:
     said: dict = {"method": method, "role": role}
     while not list((exp / "runs").glob("*.json")) if (exp / "runs").is_dir() else True:
         if sweep.poll() is not None:
@@ -124,7 +135,16 @@ def one(params: Path, out: Path, method: str, role: str, state: Path) -> dict:
     return said
 
 
+class StoppedError(Exception):
+    pass
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise StoppedError(f"signal {signum}")
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _stopped)  # a device call's limit: stop the sweep, keep what is
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("params", type=Path)
     ap.add_argument("--out", type=Path, required=True)
@@ -138,6 +158,8 @@ def main() -> int:
         out.mkdir(parents=True, exist_ok=True)
         results.append(one(args.params.resolve(), out, method, args.role, out / "state"))
         r = results[-1]
+        if str(r.get("error", "")).startswith("stopped"):
+            break
         print(f"== {method}: kill -9 {args.role} (pid {r.get('killed_pid')}); replacement "
               f"after {r.get('replaced_after_s')} s; left of the killed engine: "
               f"{r.get('left_of_killed_engine')}; sweep exit {r.get('exit_code')}")
