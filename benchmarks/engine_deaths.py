@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,8 @@ def target(pgid: int, role: str) -> int | None:
 
 def one(params: Path, out: Path, method: str, role: str, state: Path) -> dict:
     os.environ["TUNEBOOK_STATE_DIR"] = str(state)  # list_engines reads this sweep's pid files
-    env = {**os.environ, "TUNEBOOK_FAST_START": "1" if method == "forked" else "0",
+    fast = {"forked": "1", "api": "api", "plain": "0"}[method]  # api: the API server forked alone
+    env = {**os.environ, "TUNEBOOK_FAST_START": fast,
            "TUNEBOOK_STATE_DIR": str(state), "TUNEBOOK_BATCH": "1"}
     exp = out / yaml.safe_load(params.read_text())["experiment"]
     log = (out / "sweep.out").open("w")
@@ -97,6 +99,10 @@ def _watch(sweep: subprocess.Popen, exp: Path, out: Path, method: str, role: str
         time.sleep(0.05)
     seen = completions(exp)
     while completions(exp) <= seen:  # the second point's first request
+        if sweep.poll() is not None:
+            rows = [json.loads(f.read_text())["row"] for f in sorted((exp / "runs").glob("*.json"))]
+            return {**said, "error": "the sweep ended before a second point ran",
+                    "rows": [{"status": r["status"], "error": r.get("error")} for r in rows]}
         time.sleep(0.02)
     (pgid,) = [e["pgid"] for e in process.list_engines()]
     members = [p.pid for p in process._group_members(pgid)]
@@ -150,13 +156,15 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--role", default="engine core", choices=sorted(TITLES))
     ap.add_argument("--methods", nargs="+", default=["forked", "plain"],
-                    choices=["forked", "plain"])
+                    choices=["forked", "api", "plain"])
     args = ap.parse_args()
     results = []
     for method in args.methods:
         out = args.out / method
         out.mkdir(parents=True, exist_ok=True)
-        results.append(one(args.params.resolve(), out, method, args.role, out / "state"))
+        # pid files and the API key stay out of the results (a temporary state folder)
+        state = Path(tempfile.mkdtemp(prefix="tunebook-deaths-"))
+        results.append(one(args.params.resolve(), out, method, args.role, state))
         r = results[-1]
         if str(r.get("error", "")).startswith("stopped"):
             break
@@ -166,9 +174,10 @@ def main() -> int:
         for row in r.get("rows", []):
             print(f"   {row['users']:>4} users  {row['status']:<12} {row['found_after_s'] or '':>6}"
                   f"  replaces {row['engine_replaces']}  {row['error'] or ''}")
+    # no machine path in what is kept: the command as run from the checkout
+    command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]).replace(f"{Path.cwd()}/", "")
     (args.out / "benchmark.json").write_text(json.dumps(
-        {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "results": results},
-        indent=1))
+        {"command": command, "results": results}, indent=1))
     return 0
 
 
