@@ -218,8 +218,10 @@ def test_lookups_count_and_walks_do_not(monkeypatch: pytest.MonkeyPatch) -> None
     assert "TUNEBOOK_ONLY_WALKED" not in read
 
 
-def test_choose_says_why_a_start_is_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_choose_says_why_a_start_is_plain(monkeypatch: pytest.MonkeyPatch,
+                                          tmp_path: Path) -> None:
     monkeypatch.delenv(L.FAST_START_ENV, raising=False)
+    monkeypatch.setattr(L, "NVIDIA_DRIVER", tmp_path / "no-nvidia-driver")
     assert L.choose(True) == L.Choice(L.FULL_FORK)  # on by default
     monkeypatch.setenv(L.FAST_START_ENV, "0")
     assert L.choose(True) == L.Choice(L.EXEC, f"{L.FAST_START_ENV}=0")
@@ -235,6 +237,24 @@ def test_choose_says_why_a_start_is_plain(monkeypatch: pytest.MonkeyPatch) -> No
     assert L.choose(True, None) == L.Choice(L.FULL_FORK)
     monkeypatch.setenv(L.FAST_START_ENV, "0")
     assert L.choose(True, True) == L.Choice(L.EXEC, f"{L.FAST_START_ENV}=0")
+
+
+def test_on_an_nvidia_gpu_the_api_server_alone_is_forked(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+    """A forked engine core failed its torch.compile autotuning on an H100 (vLLM 0.26): on a
+    GPU box the default forks the API server and says why; TUNEBOOK_FAST_START=1 forks all."""
+    driver = tmp_path / "version"
+    driver.write_text("NVRM version: NVIDIA UNIX Open Kernel Module 580.159.04")
+    monkeypatch.setattr(L, "NVIDIA_DRIVER", driver)
+    monkeypatch.delenv(L.FAST_START_ENV, raising=False)
+    assert L.choose(True) == L.Choice(L.API_FORK, L.GPU_NO_CORE_FORK)
+    assert "outputs/h100/engine-deaths/forked.json" in L.GPU_NO_CORE_FORK
+    assert (Path(__file__).resolve().parents[2] / "outputs/h100/engine-deaths/forked.json"
+            ).is_file()
+    monkeypatch.setenv(L.FAST_START_ENV, "1")
+    assert L.choose(True) == L.Choice(L.FULL_FORK)
+    monkeypatch.setenv(L.FAST_START_ENV, "0")
+    assert L.choose(True).method == L.EXEC
 
 
 def test_a_launcher_that_cannot_import_its_module_makes_starts_plain(

@@ -271,7 +271,8 @@ COLUMNS: tuple[Column, ...] = (
        "forked too; tunebook.servers.launcher); empty: rows from before fast starts"),
     _C("start_method_note", "string",
        "why a start that could have been fast was plain (TUNEBOOK_FAST_START=0, the launcher "
-       "died, an engine_env variable vLLM reads when imported, …)"),
+       "died, an engine_env variable vLLM reads when imported, …), or forked its API server "
+       "alone (an NVIDIA GPU: launcher.GPU_NO_CORE_FORK)"),
     _C("engine_replaces", "Int64",
        "engines of this config that died earlier in the same sweep (0: the run's engine was "
        "the config's first; the run record's engine.replaces says which process and how); "

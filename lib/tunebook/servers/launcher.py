@@ -60,6 +60,11 @@ LAUNCHER_ENV = "TUNEBOOK_LAUNCHER"
 # set for the sweep a Ray task runs: its engines die with it (tunebook.servers.base says why)
 DIE_WITH_PARENT_ENV = "TUNEBOOK_ENGINE_DIES_WITH_PARENT"
 READY_TIMEOUT_S = 300.0  # importing the server (cold page cache, a slow disk)
+NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # there: an NVIDIA GPU (no CUDA touched)
+GPU_NO_CORE_FORK = (
+    "an NVIDIA GPU: the API server forked, its engine core spawned as vLLM does (a forked "
+    "engine core's torch.compile autotuning failed on an H100 with vLLM 0.26: "
+    "outputs/h100/engine-deaths/forked.json); TUNEBOOK_FAST_START=1 forks it too")
 
 
 # -- in the launcher process -------------------------------------------------------------------
@@ -525,7 +530,8 @@ def choose(kind_ok: bool, wanted: bool | None = None) -> Choice:
     `wanted`: the params' fast_start (None: the environment decides). On by default:
     TUNEBOOK_FAST_START=0 turns it off whatever params say, `api` forks the API server alone
     (its engine core and worker spawned as vLLM chooses); params' fast_start: false turns it
-    off for one sweep."""
+    off for one sweep. On an NVIDIA GPU the API server alone is forked unless
+    TUNEBOOK_FAST_START=1 asks for more (GPU_NO_CORE_FORK says why)."""
     mode = os.environ.get(FAST_START_ENV, "").strip()
     if not kind_ok:
         return Choice(EXEC)
@@ -535,7 +541,11 @@ def choose(kind_ok: bool, wanted: bool | None = None) -> Choice:
         return Choice(EXEC, "params: fast_start: false")
     if not sys.platform.startswith("linux"):
         return Choice(EXEC, "fast starts fork a pre-imported server: Linux only")
-    return Choice(API_FORK if mode == "api" else FULL_FORK)
+    if mode == "api":
+        return Choice(API_FORK)
+    if mode != "1" and NVIDIA_DRIVER.exists():
+        return Choice(API_FORK, GPU_NO_CORE_FORK)
+    return Choice(FULL_FORK)
 
 
 def launch(python: str, argv: list[str], env: dict[str, str], log: Path,

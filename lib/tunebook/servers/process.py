@@ -328,8 +328,8 @@ class ProcessServer(ServerBase, ABC):
         if choice.method != launcher.EXEC:
             forked, choice = launcher.launch(self.python, self.argv, env, self.log_path, choice,
                                              self.preload)
-            if forked is not None:
-                self.start_method, self.start_method_note = choice.method, None
+            if forked is not None:  # the note: why only the API server was forked, if so
+                self.start_method, self.start_method_note = choice.method, choice.why
                 return forked
         self.start_method, self.start_method_note = launcher.EXEC, choice.why
         return subprocess.Popen(
