@@ -157,11 +157,11 @@ def exited(server: Server, grace_s: float = 2.0) -> str | None:
     sees a killed server's connections drop a moment before the process has exited, and that
     run is `interrupted` (the engine died), not `failed`."""
     deadline = time.monotonic() + grace_s
-    while (died := server.death()) is None and server.alive():
+    while server.alive():  # alive() asks the watchdog too
         if time.monotonic() > deadline:
             return None
         time.sleep(0.05)
-    return died or "the engine exited"
+    return server.death() or "the engine exited"
 
 
 def _lost(run: PlannedRun, server: Server, ctx: PointContext, out: Outcome, what: str,
@@ -281,8 +281,8 @@ def _measure(server: Server, run: PlannedRun, ctx: PointContext, out: Outcome) -
             out.status = schema.STATUS_FAILED
             out.error = (f"{out.metrics['failed_requests']} request(s) failed: "
                          f"{error_summary(res)}")[:500]
-    if (died := server.death() or (exited(server) if out.status != schema.STATUS_OK
-                                   else None)) is not None:
+    if (not server.alive() or out.status != schema.STATUS_OK) \
+            and (died := exited(server)) is not None:  # at once when it is gone already
         return _lost(run, server, ctx, out, died)
     return Measured(record_of(run, server, ctx, out))
 
