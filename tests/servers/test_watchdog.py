@@ -111,6 +111,24 @@ def test_the_root_killed_and_a_stop_is_no_death() -> None:
     assert dog.death() is None
 
 
+def test_a_root_reaped_elsewhere_waits_for_its_reapers_word(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forked API server is reaped by the launcher, which writes its exit status a moment
+    later; with no zombie left and pidfs not saying (Linux < 6.15), the watchdog waits for
+    that word rather than call a SIGKILL "exit status unknown" (a start then blamed the
+    config: engine_failed for every point, no replacement)."""
+    root = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    reaped_at: list[float] = []
+    said = lambda: (root.returncode if reaped_at and time.monotonic() > reaped_at[0] + 0.2  # noqa: E731
+                    else None)
+    dog = Watchdog(root.pid, ("VLLM::",), said)
+    monkeypatch.setattr(watchdog, "_pidfd_status", lambda fd: None)
+    os.kill(root.pid, signal.SIGKILL)
+    root.wait()  # reaped by "the launcher": no zombie to read
+    reaped_at.append(time.monotonic())
+    assert _found(dog).how == "SIGKILL"
+
+
 def test_a_zombie_seen_first_by_a_scan_is_still_found() -> None:
     """Killed between two scans: its parent leaves it a zombie with no command line, only
     its name (a forked engine core under a forked API server that never learns it died)."""

@@ -380,8 +380,9 @@ class ProcessServer(ServerBase, ABC):
             self.watchdog.scan()
             died = self.watchdog.death()
             if died is not None or (self.proc is not None and self.proc.poll() is not None):
+                # asked again: the root may have exited between the watchdog's look and poll
                 self._fail(exit_code=self.proc.poll() if self.proc is not None else None,
-                           died=died)
+                           died=died or self.watchdog.death())
             if self._health():
                 if on_phase:
                     on_phase("ready", elapsed)

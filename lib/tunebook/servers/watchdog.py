@@ -42,6 +42,7 @@ _STAT_EXIT_CODE = 52  # /proc/PID/stat's field (1-based): the status in waitpid'
 # deaths that start a cascade, not follow one (a SIGTERM is how a process is asked to stop),
 # and no engine config's fault: a process killed from outside (the OOM killer) or crashed
 KILLED_BY = ("SIGKILL", "SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL", "SIGFPE")
+ROOT_STATUS_WAIT_S = 1.0  # the root's reaper writes its exit status within ms of it
 SCAN_EVERY_S = 1.0  # how often a start looks for the processes its server has made meanwhile
 
 
@@ -207,7 +208,11 @@ class Watchdog:
         if status is not None:
             return wait_status_text(status)
         if w.pid == self.root and self.exit_of_root is not None:
-            code = self.exit_of_root()
+            # its reaper (the launcher, for a forked API server) says how a moment after the
+            # pidfd says it is gone: wait that moment rather than call a kill "unknown"
+            deadline = time.monotonic() + ROOT_STATUS_WAIT_S
+            while (code := self.exit_of_root()) is None and time.monotonic() < deadline:
+                time.sleep(0.02)
             if code is not None:
                 return returncode_text(code)
         return "exit status unknown"
