@@ -216,7 +216,7 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
         "engine_env": {"VLLM_CPU_KVCACHE_SPACE": 1},
         # one engine config; its points are repeats of one user's load
         "load": {"users": [1], "input_len": 16, "output_len": 48, "prompts_per_user": 2,
-                 "num_warmups": 0, "reset_prefix_cache": False},
+                 "num_warmups": 0},
         "repeats": points, "startup_timeout_s": 300, "run_timeout_s": RUN_TIMEOUT_S}))
     exp = tmp_path / "deaths"
     segments_before = _segments()

@@ -129,6 +129,37 @@ def test_a_process_started_from_the_owner_forks_from_its_launcher(
     assert launcher.alive()  # the borrower's exit did not stop it
 
 
+def test_every_launcher_is_advertised_and_the_one_that_fits_is_borrowed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep with two launchers (engine configs vLLM's import reads differently: dev mode on
+    and off) advertises both; a process it starts borrows the one that fits each engine
+    instead of importing vLLM into a third."""
+    monkeypatch.delenv(L.LAUNCHER_ENV, raising=False)
+    monkeypatch.setattr(L, "_LAUNCHERS", [])
+
+    def advertised(name: str, dev: str | None) -> Path:  # a launcher up (this process)
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "hello.json").write_text(json.dumps(
+            {"module": "m", "pid": os.getpid(), "set_at_import": {},
+             "read_at_import": {"VLLM_SERVER_DEV_MODE": dev}}))
+        (folder / "owner.json").write_text(json.dumps(
+            {"python": "py", "preload": [], "start_env": {}}))
+        L._advertise(folder, True)
+        return folder
+
+    dev, plain = advertised("dev", "1"), advertised("plain", None)
+    assert os.environ[L.LAUNCHER_ENV].split(os.pathsep) == [str(plain), str(dev)]
+    borrowed = L._borrow("py", "m", {"VLLM_SERVER_DEV_MODE": "1"})
+    assert borrowed is not None and borrowed.folder == dev
+    borrowed = L._borrow("py", "m", {})
+    assert borrowed is not None and borrowed.folder == plain
+    L._LAUNCHERS.clear()
+    assert L._borrow("py", "m", {"VLLM_SERVER_DEV_MODE": "0"}) is None  # neither fits
+    L._advertise(dev, False)  # stopped: no longer offered
+    assert os.environ[L.LAUNCHER_ENV] == str(plain)
+
+
 def test_an_engine_outlives_its_launcher_and_its_code_is_lost(
         launcher: L.Launcher, env: dict[str, str], tmp_path: Path) -> None:
     proc = launcher.start(_argv(tmp_path / "c.json", "serve"), env, tmp_path / "c.log", False)

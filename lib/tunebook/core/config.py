@@ -19,8 +19,9 @@ breaks once the package is installed without ``-e``: site-packages has no notebo
     TUNEBOOK_FAST_START unset or 1: vLLM engines forked from a process that has imported
                         vLLM (tunebook.servers.launcher); api: the API server only;
                         0: plain starts
-    TUNEBOOK_LAUNCHER   set by tunebook, not by you: its launcher's folder, so the processes
-                        it starts (a papermill kernel, a spawned sweep) fork from it
+    TUNEBOOK_LAUNCHER   set by tunebook, not by you: its launchers' folders (os.pathsep), so
+                        the processes it starts (a papermill kernel, a spawned sweep) fork
+                        from the one that fits
     TUNEBOOK_SET_BY_IMPORTS  set by tunebook, not by you: what imports in its process set in
                         the environment (see user_environ), for the processes it starts
 """

@@ -507,8 +507,7 @@ class Launcher:
         self._stopping = True
         if self.borrowed_pid is not None:
             return  # its owner's
-        if os.environ.get(LAUNCHER_ENV) == str(self.folder):
-            del os.environ[LAUNCHER_ENV]
+        _advertise(self.folder, False)
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -586,7 +585,7 @@ def _launch(python: str, argv: list[str], env: dict[str, str], log: Path,
             _GAVE_UP = f"{launcher.error}: plain starts from then on in this process"
             print(f"tunebook: {_GAVE_UP}", file=sys.stderr)
             return None, Choice(EXEC, _GAVE_UP)
-        os.environ[LAUNCHER_ENV] = str(launcher.folder)  # for the processes this one starts
+        _advertise(launcher.folder, True)  # for the processes this one starts
         if differs := launcher.differs(env):  # vLLM read something at import that env changes
             return None, Choice(EXEC, "set differently from what vLLM read when imported: "
                                       + ", ".join(differs))
@@ -596,17 +595,37 @@ def _launch(python: str, argv: list[str], env: dict[str, str], log: Path,
         return None, Choice(EXEC, f"the launcher did not start it: {e}")
 
 
+def _advertised() -> list[str]:
+    return [f for f in os.environ.get(LAUNCHER_ENV, "").split(os.pathsep) if f]
+
+
+def _advertise(folder: Path, up: bool) -> None:
+    """LAUNCHER_ENV lists every launcher this process has up (and those it was given): a
+    process it starts borrows the first that fits its engine. One sweep may hold two (engine
+    configs whose environments vLLM reads differently at import, e.g. dev mode on and off)."""
+    said = [f for f in _advertised() if f != str(folder)]
+    said = [str(folder), *said] if up else said
+    if said:
+        os.environ[LAUNCHER_ENV] = os.pathsep.join(said)
+    else:
+        os.environ.pop(LAUNCHER_ENV, None)
+
+
 def _borrow(python: str, module: str, env: dict[str, str]) -> Launcher | None:
-    """The launcher of the tunebook process that started this one (LAUNCHER_ENV), when it can
-    fork this engine. An engine that must die with this process (DIE_WITH_PARENT_ENV) is not
-    forked from it: it would be that launcher's child, not ours."""
-    folder = os.environ.get(LAUNCHER_ENV)
-    if not folder or env.get(DIE_WITH_PARENT_ENV):
+    """A launcher of the tunebook process that started this one (LAUNCHER_ENV) that can fork
+    this engine. An engine that must die with this process (DIE_WITH_PARENT_ENV) is not
+    forked from one: it would be that launcher's child, not ours."""
+    if env.get(DIE_WITH_PARENT_ENV):
         return None
-    x = Launcher.attach(Path(folder))
-    if x is None or x.python != python or x.module != module or x.differs(env):
-        return None
-    return _keep(x)
+    mine = {str(x.folder) for x in _LAUNCHERS}
+    for folder in _advertised():
+        if folder in mine:  # ours, or borrowed already: `fit` judged it
+            continue
+        x = Launcher.attach(Path(folder))
+        if x is not None and x.python == python and x.module == module \
+                and not x.differs(env):
+            return _keep(x)
+    return None
 
 
 def _keep(x: Launcher) -> Launcher:
