@@ -5,7 +5,8 @@ completes the sweep.
 Engine starts are the suite's cost, so: every in-process sweep runs on the session's shared
 engine (conftest.SHARED_ENGINE = BASE's engine config) — resumes, the SIGKILL test (it kills
 that engine; the fresh one it starts is kept for the tests after it), client faults, the
-loopback check. The signal tests need a sweep in another process, hence their own engine;
+loopback check. The signal tests need a sweep in another process, hence their own engine,
+eager (EAGER: it starts in ~8 s, a compiled one in ~40), and so is the one their resume starts;
 the scheduler-style SIGTERM run also carries the failed start that precedes a good config."""
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import yaml
 
 from conftest import SHARED_ENGINE, SharedEngine
 from tunebook.inputs import params as P
-from tunebook.measure.sweep import Sweep
+from tunebook.measure.sweep import Sweep, SweepOptions
 from tunebook.servers import base, process
 from tunebook.servers import vllm as eng
 
@@ -170,6 +171,7 @@ class _Spawned:
 
 
 BAD_BACKEND = {"attention_backend": "NO_SUCH_BACKEND"}
+EAGER = {**BASE["engine"], "enforce_eager": True}  # no torch.compile: a start in seconds
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -182,9 +184,8 @@ def test_runner_signal_mid_run_then_resume(tmp_path: Path, sig: signal.Signals,
     explains it, and the next config still starts and runs."""
     term = sig == signal.SIGTERM
     grid = [BAD_BACKEND, {}] if term else [{}]
-    # 16 prompts at 2 users: ~2 s of decoding at full speed after the event below
-    params = _params(tmp_path, f"sig{int(sig)}", engine_grid=grid,
-                     load={**BASE["load"], "prompts_per_user": 8})
+    # 6 prompts at 2 users: seconds of decoding after the event below, which the freeze holds
+    params = _params(tmp_path, f"sig{int(sig)}", engine=EAGER, engine_grid=grid)
     exp = tmp_path / params.stem
     sweep = _Spawned(params, tmp_path, scheduler=term)
     # Events, not a window: the engine logs the 2-user run's prefix-cache reset (the sweep
@@ -212,11 +213,11 @@ def test_runner_signal_mid_run_then_resume(tmp_path: Path, sig: signal.Signals,
         assert bad[0]["attention_backend"] == "NO_SUCH_BACKEND"  # the knob is in its rows
         assert len(list((exp / "engines").glob("*.log"))) == 2  # one start per config
     _assert_clean(shared_engine)
-    # Resume (the bad config dropped): only the interrupted run is run again, on the shared
-    # engine; the finished one is untouched.
+    # Resume (the bad config dropped): only the interrupted run is run again, on an engine of
+    # its own; the finished one is untouched.
     finished = next(r for r in good if r["status"] == "ok")
     fixed = P.load(params, {"engine_grid": [{}]})
-    result = shared_engine.sweep(fixed, tmp_path).run()
+    result = Sweep(fixed, tmp_path, SweepOptions(progress=False)).run()
     assert (result.ok, result.skipped) == (1, 1)
     df = pd.read_parquet(exp / "results.parquet")
     assert len(df) == len(rows) + 1  # all attempts: ok, interrupted, ok (+ the failed starts)
