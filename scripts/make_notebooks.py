@@ -25,7 +25,7 @@ code = nbf.v4.new_code_cell
 def parameters(params_file: str) -> nbf.NotebookNode:
     cell = code(f'''params_file: str = "{params_file}"  # the sweep definition (YAML), relative to notebooks/
 overrides: dict = {{}}  # dotted-key overrides applied on top of the file, e.g. {{"load.users": [1, 2]}}
-outputs: str = "../outputs"  # experiments land in <outputs>/<experiment>/
+outputs: str = "../outputs"  # the outputs root: runs land in its <machine>/<experiment>/; another folder: <outputs>/<experiment>/
 dry_run: bool = False  # True: print the plan and start no engine''')
     cell.metadata["tags"] = ["parameters"]
     return cell
@@ -121,7 +121,7 @@ def tune() -> nbf.NotebookNode:
     nb = nbf.v4.new_notebook()
     cell = code('''params_file: str = "../params/tune.yaml"  # where the panel starts (YAML), relative to notebooks/
 overrides: dict = {}  # dotted-key overrides applied on top of the file, e.g. {"load.users": [1, 2]}
-outputs: str = "../outputs"  # runs land in <outputs>/<experiment>/
+outputs: str = "../outputs"  # the outputs root: runs land in its <machine>/<experiment>/
 interactive: bool = True  # False (tunebook run, papermill): run the params once, no clicks
 dry_run: bool = False  # with interactive False: start nothing, show the stored results''')
     cell.metadata["tags"] = ["parameters"]
@@ -138,7 +138,7 @@ dry_run: bool = False  # with interactive False: start nothing, show the stored 
            "- Changing only **load** settings reuses the running engine; changing an **engine** "
            "knob restarts it on the next Run. **Stop engine** frees the machine.\n"
            "- Everything the panel runs is replayable: each run records its params under "
-           "`outputs/<experiment>/inputs/`, and **Save as params** writes a YAML file that "
+           "`outputs/<machine>/<experiment>/inputs/`, and **Save as params** writes a YAML file that "
            "`tunebook run` replays unattended (same plan, same run ids, so finished runs are "
            "skipped).\n"
            "- A value the params would reject (users `1, x`, a fraction above 1) is reported "

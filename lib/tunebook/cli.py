@@ -18,6 +18,7 @@ from tunebook.core import config
 from tunebook.core.schema import SchemaVersionError
 from tunebook.inputs import params as P
 from tunebook.models.presets import PRESETS, ModelNotFoundError, resolve_model
+from tunebook.results import machines
 from tunebook.servers import sglang as peer
 
 # Subcommands import the heavy modules they need (sweep, report, claims: pandas, altair,
@@ -89,7 +90,7 @@ def _describe(params: P.SweepParams, outputs: Path) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    print(_describe(_load(args), args.outputs or config.outputs_dir()))
+    print(_describe(_load(args), machines.experiments_root(args.outputs, settle=False)))
     return EXIT_OK
 
 
@@ -101,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     _ray(args)  # in the environment: the papermill kernel's sweep reads it
     params = _load(args)
-    outputs = (args.outputs or config.outputs_dir()).resolve()
+    outputs = machines.experiments_root(args.outputs)
     if args.dry_run:
         print(_describe(params, outputs))
         return EXIT_OK
@@ -214,7 +215,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     _wait(args)  # before the Sweep reads it
     _ray(args)
-    sweep = Sweep(_load(args), args.outputs or config.outputs_dir(),
+    sweep = Sweep(_load(args), machines.experiments_root(args.outputs),
                   SweepOptions(progress=not args.quiet, on_finish=index.rebuild))
     if args.dry_run:
         print(sweep.describe())
@@ -235,10 +236,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
               "params/slo.yaml)", file=sys.stderr)
         return EXIT_BAD_PARAMS
     if args.dry_run:
-        print(slo_search.describe(params, args.outputs or config.outputs_dir()))
+        print(slo_search.describe(params, machines.experiments_root(args.outputs, settle=False)))
         return EXIT_OK
     _wait(args)
-    code, out = slo_search.tune(params, args.outputs or config.outputs_dir(),
+    code, out = slo_search.tune(params, machines.experiments_root(args.outputs),
                                 progress=not args.quiet)
     print(slo_search.report_text(out))
     return code
@@ -270,8 +271,27 @@ def _index(outputs: Path) -> Path | None:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    return EXIT_OK if _index(args.outputs or args.outputs_opt or config.outputs_dir()) \
-        else EXIT_BAD_PARAMS
+    asked = args.outputs or args.outputs_opt
+    if asked is None:
+        machines.experiments_root()  # this box's folder settled: an older tunebook's moved in
+    return EXIT_OK if _index(asked or config.outputs_dir()) else EXIT_BAD_PARAMS
+
+
+def cmd_machine(args: argparse.Namespace) -> int:
+    """This box's machine: its name, the folder its experiments land in, its hardware."""
+    if args.name:
+        try:
+            machines.save_name(args.name)
+        except machines.MachineNameError as e:
+            print(f"tunebook: {e}", file=sys.stderr)
+            return EXIT_BAD_PARAMS
+        if os.environ.get(machines.MACHINE_ENV, args.name) != args.name:
+            print(f"tunebook: saved, but ${machines.MACHINE_ENV} names this machine "
+                  f"{os.environ[machines.MACHINE_ENV]!r} here and wins", file=sys.stderr)
+    d = machines.describe()
+    print(f"machine: {d['name']}\nexperiments: {config.outputs_dir() / d['name']}\n"
+          f"hardware: {d['hardware']}")
+    return EXIT_OK
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -465,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_wait(sp)
     sp.set_defaults(fn=cmd_tune)
     sp = sub.add_parser("render", help="render an experiment's executed notebook to HTML")
-    sp.add_argument("experiment_dir", type=Path, help="e.g. outputs/quickstart")
+    sp.add_argument("experiment_dir", type=Path, help="e.g. outputs/h200/ch04")
     _add_no_input(sp)
     sp.set_defaults(fn=cmd_render)
     sp = sub.add_parser("claims", help="the claims table (manual vs measured, with verdicts) "
@@ -481,6 +501,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--outputs", type=Path, dest="outputs_opt", default=None,
                     help="the same, as the other commands spell it")
     sp.set_defaults(fn=cmd_index)
+    sp = sub.add_parser("machine", help="this box's machine name and the folder under "
+                                        "outputs/ its experiments land in (named from its "
+                                        "hardware unless named once with --name or "
+                                        "$TUNEBOOK_MACHINE)")
+    sp.add_argument("--name", default=None, help="name this machine from now on")
+    sp.set_defaults(fn=cmd_machine)
     sp = sub.add_parser("compare", help="overlay two or more experiments in one chart per "
                                         "metric (an offline HTML page)")
     sp.add_argument("experiments", type=Path, nargs="+", help="experiment folders")

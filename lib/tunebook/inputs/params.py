@@ -6,7 +6,7 @@ name the file and the dotted key. Engine knobs carry exactly the names vLLM give
 Layout of a params file (see params/quickstart.yaml for a commented example)::
 
     experiment: quickstart          # folder name under outputs/
-    notebook: 00_quickstart         # which notebook renders it
+    notebook: 00_quickstart         # which notebook renders it (a trace's: 30_traces)
     model: qwen3-tiny               # preset, local folder or hub id
     engine: {max_model_len: 1024}   # knobs shared by every engine config
     engine_grid:                    # one engine config per entry (list of overrides)
@@ -65,6 +65,9 @@ from tunebook.servers.process import DEV_MODE_ENV
 # benchmarking. The shipped params send at most ~600 prompts; a big GPU sweep a few 10,000s.
 DEFAULT_MAX_RUNS = 500
 DEFAULT_MAX_PROMPTS = 100_000
+# the notebook that renders a sweep, unless its params name one: a trace replayed on its own
+# clock (load.dataset: file, a timed format) is drawn against replay speed, not users
+DEFAULT_NOTEBOOK, TRACE_NOTEBOOK = "00_quickstart", "30_traces"
 
 # A params file is a few KiB; these limits stop runaway or hostile files before they cost time.
 MAX_FILE_BYTES = 64 * 1024
@@ -254,7 +257,7 @@ def _load_dict(load: LoadParams) -> dict[str, Any]:
 class SweepParams:
     experiment: str
     model: str
-    notebook: str = "00_quickstart"
+    notebook: str = DEFAULT_NOTEBOOK
     description: str = ""
     engine: dict[str, Any] = field(default_factory=dict)
     engine_grid: tuple[dict[str, Any], ...] = ({},)
@@ -535,7 +538,7 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
     model = v.get(data, "model", str, required=True)
     if isinstance(model, str) and not model.strip():
         v.err("model", "must not be empty: a preset, a local folder or a hub id")
-    notebook = v.get(data, "notebook", str, default="00_quickstart")
+    notebook = v.get(data, "notebook", str, default=None)  # None: the load's (below)
     if isinstance(notebook, str) and not re.fullmatch(r"[A-Za-z0-9_-]+", notebook):
         v.err("notebook", "must be a notebook name under notebooks/ without .ipynb; "
                           f"got {_short(notebook)}")
@@ -619,6 +622,9 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
             elif load_ok and isinstance(max_prompts, int):
                 _prompts_check(v, load_params, len(grid), repeats, max_prompts)
     v.raise_if_any()
+    if notebook is None:  # a trace replayed on its clock has no users to draw against
+        notebook = TRACE_NOTEBOOK if load_params is not None and load_params.timed \
+            else DEFAULT_NOTEBOOK
     return SweepParams(
         experiment=experiment, model=model.strip(), notebook=notebook, description=description,
         engine=engine, engine_grid=tuple(grid), engine_env=engine_env, load=load_params,

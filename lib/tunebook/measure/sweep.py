@@ -53,6 +53,7 @@ from tunebook.measure.supply import (
     TogetherSupply,
 )
 from tunebook.models.presets import resolve_model
+from tunebook.results import machines
 from tunebook.results.compact import REQUESTS_SUFFIX
 from tunebook.results.store import Store, replace_atomic, stamp, write_new
 from tunebook.servers import kinds as server_kinds
@@ -101,7 +102,7 @@ class Sweep:
         self.params = params
         self.options = options or SweepOptions()
         self.plan = make_plan(params)
-        self.store = Store(Path(outputs or config.outputs_dir()) / params.experiment)
+        self.store = Store(machines.experiments_root(outputs) / params.experiment)
         self.steps = StepTimes()
         self.starts = Starts()  # the deadline rule's record: ok rows stored and made here
         address = ray_address(params) if self.options.keeper is None else None

@@ -30,6 +30,8 @@ from tunebook import figures
 from tunebook.core import manual
 from tunebook.present import claims, report
 from tunebook.results.evidence import CANNOT, DIFFERS, HOLDS, NOISE, NOT_MEASURED, VERDICTS
+from tunebook.results.machines import label_of
+from tunebook.results.machines import name as this_machine
 from tunebook.results.store import find_experiments, replace_atomic
 
 OVERVIEW = "overview.html"
@@ -39,9 +41,10 @@ RANK = {HOLDS: 0, DIFFERS: 0, NOISE: 1, CANNOT: 2, NOT_MEASURED: 3}
 
 def machine_of(path: str) -> str:
     """The machine of an experiment path relative to the outputs root: its first folder
-    (``cpu/ch01`` -> ``cpu``); "" for an experiment directly under the root."""
+    (``cpu/ch01`` -> ``cpu``); this box's name (tunebook.results.machines) for an experiment
+    right under the root (an older tunebook's, or one run with ``--outputs``)."""
     parts = path.split("/")
-    return parts[0] if len(parts) > 1 else ""
+    return parts[0] if len(parts) > 1 else this_machine()
 
 
 def machines(root: Path | str) -> list[str]:
@@ -214,10 +217,6 @@ def _figure_html(fig: str) -> str:
                "</details>" if rule else "") + "</td>")
 
 
-def _label(machine: str, root: Path) -> str:
-    return machine or root.name
-
-
 def to_html(df: pd.DataFrame, root: Path | str, machine_names: list[str] | None = None) -> str:
     """The page, for the claims rows ``df`` (``gather`` or ``claims_files``) of the
     experiments under ``root``."""
@@ -228,9 +227,10 @@ def to_html(df: pd.DataFrame, root: Path | str, machine_names: list[str] | None 
     shown = [v for v in VERDICTS if v != NOISE
              or any(counts(grid, m)[NOISE] for m in names)]
     hardware = {m: sorted({c.shown.claim.hardware for (_, mm), c in grid.items()
-                           if mm == m and c.shown and c.shown.claim.hardware}) for m in names}
+                           if mm == m and c.shown and c.shown.claim.hardware})
+                or [hw for hw in [label_of(root / m)] if hw] for m in names}
     count_rows = "".join(
-        f"<tr><td>{e(_label(m, root))}</td>"
+        f"<tr><td>{e(m)}</td>"
         + "".join(f"<td data-machine='{e(m)}' data-verdict='{e(v)}'>{counts(grid, m)[v]}</td>"
                   for v in shown) + "</tr>" for m in names)
     counts_table = ("<table class='counts'><tr><th>machine</th>"
@@ -238,7 +238,7 @@ def to_html(df: pd.DataFrame, root: Path | str, machine_names: list[str] | None 
                     + f"</tr>{count_rows}</table>")
     legend = "".join(f"<li>{claims.badge(v)} {e(_MEANING[v])}</li>" for v in shown)
     head = "<tr><th>figure: the manual's claim</th>" + "".join(
-        f"<th>{e(_label(m, root))}<div class='hw'>{e('; '.join(hardware[m]))}</div>"
+        f"<th>{e(m)}<div class='hw'>{e('; '.join(hardware[m]))}</div>"
         + (f"<div class='hw'><a href='{e(m)}/claims.html'>its claims table ›</a></div>"
            if m and (root / m / "claims.html").is_file() else "") + "</th>"
         for m in names) + "</tr>"

@@ -36,6 +36,7 @@ from tunebook.measure.supply import EngineKeeper
 from tunebook.measure.sweep import Sweep, SweepOptions, SweepResult
 from tunebook.models.presets import PRESETS
 from tunebook.present import index, report
+from tunebook.results import machines
 from tunebook.results.store import Store, rows_to_frame, stamp, write_new
 from tunebook.servers import launcher
 
@@ -104,7 +105,7 @@ class TunePanel:
         data["experiment"] = experiment or data["experiment"]
         data["notebook"] = "10_tune"
         self.data: dict[str, Any] = data
-        self.outputs = Path(outputs).resolve()
+        self.outputs = machines.experiments_root(outputs)
         self.keeper = EngineKeeper()
         self.last: SweepResult | None = None
         # engine config ids dropped from the chart (the "shown on the chart" list's unselected)

@@ -20,6 +20,7 @@ from tunebook.figures.ch01_engine import startup_facts
 from tunebook.inputs import params as P
 from tunebook.measure.sweep import Sweep, SweepOptions, SweepResult
 from tunebook.present import claims, index, report
+from tunebook.results import machines
 from tunebook.results.store import not_ok_rows, ok_rows
 
 __all__ = ["Workbook", "open", "startup_facts"]
@@ -220,7 +221,7 @@ def open(params_file: str | Path, overrides: dict[str, Any] | None = None,  # no
          progress: bool = True) -> Workbook:
     params = P.load(params_file, overrides or {})
     report.enable_offline_charts()
-    sweep = Sweep(params, Path(outputs).resolve(), SweepOptions(
+    sweep = Sweep(params, machines.experiments_root(outputs), SweepOptions(
         progress=progress, on_finish=index.rebuild))
     return Workbook(params, sweep, dry_run=dry_run)
 
@@ -237,9 +238,10 @@ def search(params_file: str | Path, overrides: dict[str, Any] | None = None,
     report.enable_offline_charts()
     if not params.slo or not params.search:
         raise ValueError(f"{params_file}: no slo/search section: nothing to search")
-    print(tune.describe(params, Path(outputs).resolve()))
+    root = machines.experiments_root(outputs, settle=not dry_run)
+    print(tune.describe(params, root))
     if dry_run:
-        out = tune.stored(Path(outputs).resolve(), params.experiment)
+        out = tune.stored(root, params.experiment)
         print("dry run: nothing starts; " + ("the newest stored search:" if out else
                                             "no search is stored yet"))
         now = slo.parse_search(params.search, *params.load.search_levels()).to_dict()
@@ -248,7 +250,7 @@ def search(params_file: str | Path, overrides: dict[str, Any] | None = None,
                        if out["search"].get(k) != now.get(k)}
             print(f"  (it ran with {changed}: the params have changed since)")
     else:
-        _, out = tune.tune(params, Path(outputs).resolve(), progress)
+        _, out = tune.tune(params, root, progress)
     if out:
         print(tune.report_text(out))
     return out

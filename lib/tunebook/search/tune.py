@@ -20,12 +20,12 @@ from typing import Any
 
 import pandas as pd
 
-from tunebook.core import config, schema
+from tunebook.core import schema
 from tunebook.inputs import slo
 from tunebook.inputs.params import SweepParams
 from tunebook.measure.supply import EngineKeeper, run_seconds
 from tunebook.measure.sweep import Sweep, SweepOptions
-from tunebook.results import stats
+from tunebook.results import machines, stats
 from tunebook.results.store import Store, latest_attempts, stamp, write_new
 from tunebook.search import adaptive
 
@@ -42,7 +42,7 @@ class SweepEvaluator:
         if not params.slo or not params.search:
             raise ValueError(f"{params.source}: no slo/search section: nothing to search")
         self.params = params
-        self.outputs = Path(outputs or config.outputs_dir())
+        self.outputs = machines.experiments_root(outputs)
         self.progress = progress
         self.stored_only = stored_only  # never start an engine: a point not stored is missing
         self.keeper = EngineKeeper()
@@ -139,7 +139,7 @@ def stored_progress(params: SweepParams, outputs: Path | str | None) -> str | No
     plus each config's start once: its first, as a search that was never cut short would
     have paid; a config restarted by a resume has a second, often warm, start). None when
     nothing is stored."""
-    store = Store(Path(outputs or config.outputs_dir()) / params.experiment)
+    store = Store(machines.experiments_root(outputs, settle=False) / params.experiment)
     points: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
     ok = [r for r in latest_attempts(store.rows()) if r.get("status") == schema.STATUS_OK]
     level = "replay_speed" if params.load.search_levels()[1] == "speed" else "max_concurrency"
@@ -479,7 +479,7 @@ def report_text(out: dict) -> str:
 
 def stored(outputs: Path | str | None, experiment: str) -> dict | None:
     """The newest stored search summary of an experiment (None: it never ran here)."""
-    folder = Path(outputs or config.outputs_dir()) / experiment / "search"
+    folder = machines.experiments_root(outputs, settle=False) / experiment / "search"
     files = sorted(folder.glob("*.json")) if folder.is_dir() else []
     return json.loads(files[-1].read_text()) if files else None
 
