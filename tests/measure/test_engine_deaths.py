@@ -1,6 +1,8 @@
 """One process of an engine dies, as the OOM killer or a crash makes it: `kill -9` of the API
 server, the engine core or the worker, during the engine's start, during a load point and
-between two points, with forked starts and with plain ones (marked `engine`).
+between two points, with each start method: forked (the CPU default), the API server alone
+forked (the GPU default: its engine core spawned, as vLLM spawns it) and plain (marked
+`engine`).
 
 Every case must end the same way: the point in flight (if any) stored `interrupted`, saying
 which process died and how, found within DETECT_S of the kill; every other process of that
@@ -8,11 +10,13 @@ engine gone (no zombie, no orphan worker, no /dev/shm segment); a replacement en
 points left, which are `ok`; resume runs exactly the interrupted points again.
 
 Engine starts are the cost, so each start method is one sweep: the engine of each case is the
-replacement of the case before (9 cases, 10 engines, 3 of them cut short), eager (no compile)
-and one user of short answers. A plain start costs about five forked ones here (vLLM is
-imported again by each of its three processes: ~40 s against ~8 s), so `make test` runs the
-whole matrix forked (126 s) and, plain, the case the issue found broken (PLAIN_CASES, two
-starts); `make test-faults` (TUNEBOOK_FULL_FAULT_MATRIX=1) runs all nine plain cases too. The kills
+replacement of the case before (10 cases, 11 engines, 3 of them cut short), eager (no compile)
+and one user of short answers. A plain start costs about seven forked ones here (vLLM is
+imported again by each of its three processes: ~55 s against ~8 s), one with the API server
+forked about four, so `make test` runs the whole matrix forked (~125 s) and, API server forked,
+the case the issue found broken (ONE_CASE: a spawned engine core's death is seen by vLLM, which
+stops its API server: the path plain starts take, at ~60 s for two starts against ~120 s);
+`make test-faults` (TUNEBOOK_FULL_FAULT_MATRIX=1) runs every case with every method. The kills
 between two points happen inside the sweep's
 `on_result` (the sweep is between its points there, however fast the machine); those during a
 point when the engine logs the point's first request; those during a start when the worker
@@ -51,14 +55,21 @@ CASES = [("start", "API server"), ("point", "API server"), ("between", "API serv
          # run timeout saying the engine stopped answering, and a new engine runs the rest
          ("hang", "engine core")]
 RUN_TIMEOUT_S = 8  # a point here takes ~2 s
-# plain starts in `make test`: the case the issue found broken (the API server exits once vLLM
-# sees its engine core die; the runs after it were recorded failed, no engine replaced them)
-PLAIN_CASES = [("point", "engine core")]
+# a spawned engine core in `make test`: the case the issue found broken with plain starts (the
+# API server exits once vLLM sees its engine core die; the runs after it were recorded failed,
+# no engine replaced them)
+ONE_CASE = [("point", "engine core")]
 FULL_ENV = "TUNEBOOK_FULL_FAULT_MATRIX"
+# TUNEBOOK_FAST_START, and the start_method of every row, per method
+METHODS = {"forked": ("1", "launcher+fork"), "api": ("api", "launcher"), "plain": ("0", "exec")}
 
 
 def cases_of(method: str) -> list[tuple[str, str]]:
-    return CASES if method == "forked" or os.environ.get(FULL_ENV) == "1" else PLAIN_CASES
+    full = os.environ.get(FULL_ENV) == "1"
+    if method == "plain" and not full:
+        pytest.skip(f"plain starts: `make test-faults` ({FULL_ENV}=1); make test runs the "
+                    "same deaths with the API server forked")
+    return CASES if method == "forked" or full else ONE_CASE
 
 
 @dataclass
@@ -202,12 +213,11 @@ def _own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TUNEBOOK_STATE_DIR", str(tmp_path / "state"))
 
 
-@pytest.mark.parametrize("method", ["forked", "plain"])
+@pytest.mark.parametrize("method", list(METHODS))
 def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    if method == "plain":
-        monkeypatch.setenv("TUNEBOOK_FAST_START", "0")
     cases = cases_of(method)
+    monkeypatch.setenv("TUNEBOOK_FAST_START", METHODS[method][0])
     points = sum(m != "start" for m, _ in cases) + 1  # one per point/between case, one after
     params = tmp_path / "deaths.yaml"
     params.write_text(yaml.safe_dump({
@@ -285,10 +295,7 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
     again = Sweep(P.load(params), tmp_path, SweepOptions(progress=False))
     todo = {r.run_id for r in again.plan.runs} - again.done()
     assert todo == {r["row"]["run_id"] for r in interrupted}
-    if method == "forked":
-        assert {r["start_method"] for r in rows} == {"launcher+fork"}, rows
-    else:
-        assert {r["start_method"] for r in rows} == {"exec"}, rows
+    assert {r["start_method"] for r in rows} == {METHODS[method][1]}, rows
     print(f"\n{method}: " + "; ".join(
         f"{c.moment}/{c.role}: " + (f"row found after {c.found_after_s:.2f}s, " if c.said else "")
         + f"replaced after {c.replaced_after_s:.1f}s" for c in killer.cases))
