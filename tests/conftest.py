@@ -39,6 +39,17 @@ LIB = REPO / "lib"
 if str(LIB) not in sys.path:
     sys.path.insert(0, str(LIB))
 
+# The reference machines committed under outputs/ (.gitignore un-ignores exactly these; the
+# user's own machine folder, which `make demo` writes, is not one: tests that read "every
+# committed report" read these alone, whatever the user ran before the suite).
+COMMITTED_MACHINES = ("cpu", "h100", "h200")
+
+
+def committed(pattern: str) -> list[Path]:
+    """The files under the committed machines of outputs/ that match `pattern`, sorted."""
+    return sorted(p for m in COMMITTED_MACHINES for p in (REPO / "outputs" / m).glob(pattern))
+
+
 # The engine config the suite shares (model, knobs, env: what EngineConfig.id hashes).
 SHARED_ENGINE: dict[str, Any] = {
     "model": "qwen3-tiny",

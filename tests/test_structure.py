@@ -110,3 +110,15 @@ def test_the_sweep_loop_is_short() -> None:
     """The loop that measures each config's runs on a supplied server: under 150 lines."""
     loop = PKG / "measure" / "executors" / "local.py"
     assert len(loop.read_text().splitlines()) < 150
+
+
+def test_the_committed_machines_are_those_git_keeps() -> None:
+    """conftest.COMMITTED_MACHINES (what tests read as "every committed report") names exactly
+    the machine folders .gitignore un-ignores under outputs/, and none of them is a name this
+    box's folder could be given from its hardware (tunebook.results.machines)."""
+    from conftest import COMMITTED_MACHINES
+
+    gitignore = Path(__file__).resolve().parents[1] / ".gitignore"
+    kept = re.findall(r"^!outputs/([^/.]+)/$", gitignore.read_text(), re.MULTILINE)
+    assert sorted(kept) == sorted(COMMITTED_MACHINES)
+    assert not any(m.startswith("cpu-") or m.startswith("nvidia-") for m in COMMITTED_MACHINES)

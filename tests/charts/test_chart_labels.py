@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from conftest import committed
 from tunebook import figures
 from tunebook.charts import plots as charts
 from tunebook.core.knobs import KNOBS
@@ -26,7 +27,7 @@ from tunebook.results.evidence import load_evidence
 REPO = Path(__file__).resolve().parents[2]
 OUTPUTS = REPO / "outputs"
 # every committed experiment with a report, nested ones too (slo-…-bench/slo-grid)
-EXPERIMENTS = sorted(str(p.parent.relative_to(OUTPUTS)) for p in OUTPUTS.glob("**/report.html"))
+EXPERIMENTS = [str(p.parent.relative_to(OUTPUTS)) for p in committed("**/report.html")]
 
 AXIS_CHANNELS = ("x", "y")
 LEGEND_CHANNELS = ("color", "fill", "stroke", "shape", "size", "opacity", "strokeDash")

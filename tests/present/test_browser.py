@@ -13,6 +13,7 @@ import altair as alt
 import pandas as pd
 import pytest
 
+from conftest import committed as committed_files
 from tunebook.cli import EXIT_OK, main
 from tunebook.present import browser, compare, index, overview, report
 
@@ -183,8 +184,8 @@ def test_the_check_fails_for_a_page_that_needs_the_network(drv, tmp_path: Path) 
 
 # Chapters 6–8 (issue 13): their committed reports, as rendered by `tunebook run`, open
 # offline with every chart decoded (widgets and vega from the page itself, nothing fetched).
-CHAPTER_REPORTS = sorted(str(p.relative_to(REPO / "outputs"))
-                         for p in (REPO / "outputs").glob("*/ch0[678]*/report.html"))
+CHAPTER_REPORTS = [str(p.relative_to(REPO / "outputs"))
+                   for p in committed_files("ch0[678]*/report.html")]
 
 
 @pytest.mark.parametrize("page", CHAPTER_REPORTS)
@@ -196,8 +197,7 @@ def test_chapter_reports_render_offline(drv, page: str) -> None:
 
 # Issue 35: labels that never collide. Every chart of every committed report, and the chart
 # that collided, checked as Chromium lays them out (browser.label_problems).
-REPORTS = sorted(str(p.relative_to(REPO / "outputs"))
-                 for p in (REPO / "outputs").glob("**/report.html"))
+REPORTS = [str(p.relative_to(REPO / "outputs")) for p in committed_files("**/report.html")]
 
 
 def test_no_axis_label_collides_or_is_cut_off_in_any_committed_report(drv, tmp_path) -> None:
