@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -204,6 +206,11 @@ def _records(exp: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((exp / "runs").glob("*.json"))]
 
 
+def _scratch() -> set[Path]:
+    """Engines' scratch folders (ProcessServer.scratch)."""
+    return set(Path(tempfile.gettempdir()).glob("tunebook-engine-*"))
+
+
 def _segments() -> set[Path]:
     return set(shm.SHM_DIR.glob(f"{shm.SHM_PREFIX}*")) if shm.SHM_DIR.is_dir() else set()
 
@@ -229,7 +236,7 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
                  "num_warmups": 0},
         "repeats": points, "startup_timeout_s": 300, "run_timeout_s": RUN_TIMEOUT_S}))
     exp = tmp_path / "deaths"
-    segments_before = _segments()
+    segments_before, scratch_before = _segments(), _scratch()
     killer = Killer(exp, cases)
     t = threading.Thread(target=killer.run, daemon=True)
     t.start()
@@ -291,6 +298,11 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
     assert process.list_engines() == []
     leaked = (_segments() - segments_before) - shm.mapped_by_any(_segments() - segments_before)
     assert not leaked, leaked
+    # nor a file its processes made elsewhere: vLLM's file stores, its sockets' folder
+    logs = "".join(p.read_text(errors="replace") for p in (exp / "engines").glob("*.log"))
+    stores = re.findall(r"distributed_init_method=file://(\S+)", logs)
+    assert stores and not [s for s in stores if Path(s).exists()], stores
+    assert _scratch() == scratch_before
     # resume: exactly the interrupted points, run again
     again = Sweep(P.load(params), tmp_path, SweepOptions(progress=False))
     todo = {r.run_id for r in again.plan.runs} - again.done()

@@ -368,9 +368,12 @@ def test_orphan_from_dead_kernel_is_reaped(tmp_path: Path) -> None:
     owner.wait()
     assert process._group_members(pgid), "the engine should outlive its killed owner"
     assert [e["pgid"] for e in process.list_engines()] == [pgid]
+    (pidfile,) = process.state_dir().glob("*.json")
+    scratch = Path(json.loads(pidfile.read_text())["scratch"])
+    assert scratch.is_dir() and any(scratch.iterdir())  # vLLM's ZMQ sockets are in it
     assert process.reap_orphans() == [pgid]
     assert not process._group_members(pgid) and base.port_is_free(port)
-    assert not process.list_engines()
+    assert not process.list_engines() and not scratch.exists()
 
 
 def test_listens_on_loopback_and_requires_key(shared_engine: SharedEngine) -> None:

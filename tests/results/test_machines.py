@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import COMMITTED_MACHINES
 from tunebook.cli import main as cli
 from tunebook.present import overview
 from tunebook.results import machines
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -36,9 +35,7 @@ def outputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 ])
 def test_named_from_the_hardware(m: dict, name: str) -> None:
     assert machines.hardware_name(m) == name
-    # never a committed reference machine's folder
-    committed = {p.name for p in (REPO / "outputs").iterdir() if p.is_dir()}
-    assert name not in committed
+    assert name not in COMMITTED_MACHINES  # never a committed reference machine's folder
 
 
 def test_named_once_and_the_environment_wins(outputs: Path, monkeypatch: pytest.MonkeyPatch,

@@ -16,9 +16,11 @@ import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -93,12 +95,13 @@ class _PidFile:
     path: Path
 
     @staticmethod
-    def write(pgid: int, port: int, log: Path) -> _PidFile:
+    def write(pgid: int, port: int, log: Path, scratch: Path | None = None) -> _PidFile:
         me = psutil.Process()
         p = state_dir() / f"{pgid}.json"
         # whole or not at all: reap_orphans (another engine's start) may read it at any time;
         # the temp file it is written to ends in .tmp, which that glob of *.json never sees
         replace_atomic(p, json.dumps({"pgid": pgid, "port": port, "log": str(log),
+                                      "scratch": str(scratch) if scratch else None,
                                       "owner_pid": me.pid,
                                       "owner_started": me.create_time()}).encode())
         return _PidFile(p)
@@ -188,6 +191,8 @@ def reap_orphans() -> list[int]:
         if _group_members(pgid):
             kill_group(pgid, grace_s=10)
             reaped.append(pgid)
+        if info.get("scratch"):
+            shutil.rmtree(info["scratch"], ignore_errors=True)
         pf.unlink(missing_ok=True)
     return reaped
 
@@ -252,6 +257,9 @@ class ProcessServer(ServerBase, ABC):
         self._pidfile: _PidFile | None = None
         self.watchdog: Watchdog | None = None
         self._spawned_at: float | None = None
+        # a folder of its own for the files its processes make where they please (vLLM's
+        # ZMQ sockets: /tmp/<uuid>, one per start, never removed), removed at its stop
+        self.scratch: Path | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     @property
@@ -275,6 +283,11 @@ class ProcessServer(ServerBase, ABC):
         """What this kind adds to the server's environment `env` (as built so far)."""
         return {}
 
+    def leftovers(self, log: str) -> list[Path]:
+        """Files outside `scratch` that the server's processes made and leave behind (named
+        in its log `log`): its stop removes them once every process is gone."""
+        return []
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and self.death() is None
 
@@ -294,6 +307,7 @@ class ProcessServer(ServerBase, ABC):
         """Start and wait until /health answers. Raises EngineStartError with a diagnosis."""
         reap_orphans()
         self.port = free_port()
+        self.scratch = Path(tempfile.mkdtemp(prefix="tunebook-engine-"))
         env = self.server_env()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
@@ -304,7 +318,7 @@ class ProcessServer(ServerBase, ABC):
             self.proc = self._launch(env, log)
         self.watchdog = Watchdog(self.proc.pid, self.process_titles, self.proc.poll)
         _LIVE.add(self)
-        self._pidfile = _PidFile.write(self.proc.pid, self.port, self.log_path)
+        self._pidfile = _PidFile.write(self.proc.pid, self.port, self.log_path, self.scratch)
         try:
             self._wait_ready(t0, on_phase)
         except BaseException:
@@ -449,7 +463,21 @@ class ProcessServer(ServerBase, ABC):
             # its processes that died first took their segments' names with them (kill_group
             # saw only the living): what it made and nobody maps now goes too
             reap_shared_memory(min_age_s=0, since=self._spawned_at)
+        self._remove_leftovers()
         _LIVE.discard(self)
+
+    def _remove_leftovers(self) -> None:
+        if self.proc is not None and _group_members(self.proc.pid):
+            return  # a process of it outlived the stop: its files may be in use
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+        try:
+            text = self.log_text()
+        except OSError:
+            return
+        for path in self.leftovers(text):
+            path.unlink(missing_ok=True)
 
     # -- talking to it (loopback only) -----------------------------------------------------
     def request(self, method: str, path: str, body: Any = None,

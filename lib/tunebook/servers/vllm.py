@@ -15,8 +15,10 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from tunebook.core import knobs as knob_table
@@ -33,6 +35,8 @@ from tunebook.servers.startup import StartupFacts, parse_startup
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KEEP_ALIVE_ENV = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"  # uvicorn's timeout_keep_alive, seconds
+RPC_PATH_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM makes its ZMQ ipc:// sockets (read when used)
+_FILE_STORE = re.compile(r"distributed_init_method=file://(\S+)")
 
 
 def knob_flags(knobs: dict[str, Any]) -> list[str]:
@@ -90,10 +94,20 @@ class Engine(ProcessServer):
 
     def kind_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """The server's idle keep-alive above its clients' (base.KEEP_ALIVE_S), unless the
-        engine config's engine_env sets one itself."""
+        engine config's engine_env sets one itself; its ZMQ sockets in its scratch folder
+        (vLLM leaves one in /tmp per start, however it ends), unless engine_env says where."""
         keep = self.env.get(KEEP_ALIVE_ENV) or f"{KEEP_ALIVE_S:g}"
         self.keep_alive_s = float(keep)
-        return {KEEP_ALIVE_ENV: keep}
+        out = {KEEP_ALIVE_ENV: keep}
+        if self.scratch is not None and RPC_PATH_ENV not in self.env:
+            out[RPC_PATH_ENV] = str(self.scratch)
+        return out
+
+    def leftovers(self, log: str) -> list[Path]:
+        """The file store each worker rendezvoused through (vLLM's
+        get_file_store_init_method: <tmp>/vllm_dist_<uuid>, never removed), as the worker
+        logs it."""
+        return [Path(m) for m in _FILE_STORE.findall(log) if Path(m).name.startswith("vllm_dist_")]
 
     def reset_answer(self, status: int, text: str) -> tuple[str, str]:
         """vLLM answers `{"success": false}` while blocks are still held (a request
