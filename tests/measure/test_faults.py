@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -374,6 +375,9 @@ def test_orphan_from_dead_kernel_is_reaped(tmp_path: Path) -> None:
     assert process.reap_orphans() == [pgid]
     assert not process._group_members(pgid) and base.port_is_free(port)
     assert not process.list_engines() and not scratch.exists()
+    # the file store its worker rendezvoused through, named in its log, is gone too
+    stores = re.findall(eng.Engine.leftover_files, (tmp_path / "orphan.log").read_text())
+    assert stores and not any(Path(s).exists() for s in stores), stores
 
 
 def test_listens_on_loopback_and_requires_key(shared_engine: SharedEngine) -> None:

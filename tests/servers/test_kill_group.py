@@ -52,3 +52,19 @@ def test_a_killed_group_leaves_no_segment_and_others_stay() -> None:
         proc.kill()
         other.close()
         other.unlink()
+
+
+def test_the_files_an_engines_log_names_are_its_leftovers(tmp_path: Path) -> None:
+    """vLLM's file store (<tmp>/vllm_dist_<uuid>, never removed by vLLM) is found by the line
+    its worker logs, in any engine's log, and nothing else is touched."""
+    from tunebook.servers.vllm import Engine
+
+    store, other = tmp_path / "vllm_dist_0123abcd", tmp_path / "vllm_dist_notes.txt"
+    store.write_text("x")
+    other.write_text("y")
+    log = (f"(Worker pid=9) INFO [parallel_state.py:1906] world_size=1 rank=0 local_rank=0 "
+           f"distributed_init_method=file://{store} backend=gloo\n"
+           f"a line that names {other} otherwise\n")
+    process.remove_leftovers(Engine.leftover_files, log)
+    assert not store.exists() and other.exists()
+    process.remove_leftovers(None, log)  # a kind that leaves nothing behind

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -95,13 +96,15 @@ class _PidFile:
     path: Path
 
     @staticmethod
-    def write(pgid: int, port: int, log: Path, scratch: Path | None = None) -> _PidFile:
+    def write(pgid: int, port: int, log: Path, scratch: Path | None = None,
+              leftovers: str | None = None) -> _PidFile:
         me = psutil.Process()
         p = state_dir() / f"{pgid}.json"
         # whole or not at all: reap_orphans (another engine's start) may read it at any time;
         # the temp file it is written to ends in .tmp, which that glob of *.json never sees
         replace_atomic(p, json.dumps({"pgid": pgid, "port": port, "log": str(log),
                                       "scratch": str(scratch) if scratch else None,
+                                      "leftovers": leftovers,
                                       "owner_pid": me.pid,
                                       "owner_started": me.create_time()}).encode())
         return _PidFile(p)
@@ -171,6 +174,12 @@ def kill_group(pgid: int, grace_s: float = STOP_GRACE_S) -> None:
         path.unlink(missing_ok=True)
 
 
+def remove_leftovers(pattern: str | None, log: str) -> None:
+    """The files a server's log names with `pattern` (ProcessServer.leftover_files)."""
+    for path in re.findall(pattern, log) if pattern else ():
+        Path(path).unlink(missing_ok=True)
+
+
 def reap_orphans() -> list[int]:
     """Kill engines whose owning process is gone (e.g. a Jupyter kernel that was killed)."""
     reaped = []
@@ -191,8 +200,12 @@ def reap_orphans() -> list[int]:
         if _group_members(pgid):
             kill_group(pgid, grace_s=10)
             reaped.append(pgid)
-        if info.get("scratch"):
-            shutil.rmtree(info["scratch"], ignore_errors=True)
+        if not _group_members(pgid):
+            if info.get("scratch"):
+                shutil.rmtree(info["scratch"], ignore_errors=True)
+            with contextlib.suppress(OSError, KeyError):
+                remove_leftovers(info.get("leftovers"),
+                                 Path(info["log"]).read_text(errors="replace"))
         pf.unlink(missing_ok=True)
     return reaped
 
@@ -233,6 +246,10 @@ class ProcessServer(ServerBase, ABC):
     fast_start: bool | None = None  # params' fast_start (None: TUNEBOOK_FAST_START decides)
     # how the kind titles the processes its server makes (the watchdog watches those too)
     process_titles: tuple[str, ...] = ()
+    # files outside `scratch` that its processes make and leave behind, as its log names them
+    # (one group: the path): its stop removes them once every process is gone, and so does
+    # the orphan reaper (the pid file keeps the pattern)
+    leftover_files: str | None = None
 
     def __init__(self, model: ModelRef, knobs: dict[str, Any] | None = None,
                  env: dict[str, str] | None = None, log_path: Path | str = "engine.log",
@@ -283,10 +300,6 @@ class ProcessServer(ServerBase, ABC):
         """What this kind adds to the server's environment `env` (as built so far)."""
         return {}
 
-    def leftovers(self, log: str) -> list[Path]:
-        """Files outside `scratch` that the server's processes made and leave behind (named
-        in its log `log`): its stop removes them once every process is gone."""
-        return []
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and self.death() is None
@@ -318,7 +331,8 @@ class ProcessServer(ServerBase, ABC):
             self.proc = self._launch(env, log)
         self.watchdog = Watchdog(self.proc.pid, self.process_titles, self.proc.poll)
         _LIVE.add(self)
-        self._pidfile = _PidFile.write(self.proc.pid, self.port, self.log_path, self.scratch)
+        self._pidfile = _PidFile.write(self.proc.pid, self.port, self.log_path, self.scratch,
+                                       self.leftover_files)
         try:
             self._wait_ready(t0, on_phase)
         except BaseException:
@@ -476,8 +490,7 @@ class ProcessServer(ServerBase, ABC):
             text = self.log_text()
         except OSError:
             return
-        for path in self.leftovers(text):
-            path.unlink(missing_ok=True)
+        remove_leftovers(self.leftover_files, text)
 
     # -- talking to it (loopback only) -----------------------------------------------------
     def request(self, method: str, path: str, body: Any = None,

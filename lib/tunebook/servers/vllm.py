@@ -15,10 +15,8 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from tunebook.core import knobs as knob_table
@@ -36,7 +34,6 @@ from tunebook.servers.startup import StartupFacts, parse_startup
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KEEP_ALIVE_ENV = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"  # uvicorn's timeout_keep_alive, seconds
 RPC_PATH_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM makes its ZMQ ipc:// sockets (read when used)
-_FILE_STORE = re.compile(r"distributed_init_method=file://(\S+)")
 
 
 def knob_flags(knobs: dict[str, Any]) -> list[str]:
@@ -76,6 +73,9 @@ class Engine(ProcessServer):
     reset_path = "/reset_prefix_cache"
     fast_start_ok = True
     process_titles = ("VLLM::",)  # VLLM::EngineCore, VLLM::Worker… (setproctitle)
+    # the file store each worker rendezvoused through (get_file_store_init_method:
+    # <tmp>/vllm_dist_<uuid>, never removed), as the worker logs it
+    leftover_files = r"distributed_init_method=file://(\S+/vllm_dist_[0-9a-f]+)"
     # What a start imports after the API server module, each where this vLLM has it (0.32 has
     # no vllm.entrypoints.openai.cli_args, the older parser's home; what is missing is skipped
     # and imported on demand): the entry point and its argument parser, the engine client, the
@@ -103,11 +103,6 @@ class Engine(ProcessServer):
             out[RPC_PATH_ENV] = str(self.scratch)
         return out
 
-    def leftovers(self, log: str) -> list[Path]:
-        """The file store each worker rendezvoused through (vLLM's
-        get_file_store_init_method: <tmp>/vllm_dist_<uuid>, never removed), as the worker
-        logs it."""
-        return [Path(m) for m in _FILE_STORE.findall(log) if Path(m).name.startswith("vllm_dist_")]
 
     def reset_answer(self, status: int, text: str) -> tuple[str, str]:
         """vLLM answers `{"success": false}` while blocks are still held (a request
