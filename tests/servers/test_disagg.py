@@ -153,6 +153,21 @@ def test_shipped_params_plan(name):
     assert "<kv-store>" in plan.describe()
 
 
+def test_a_pair_starts_each_engine_as_the_params_ask(tmp_path):
+    """params' fast_start (one StartSettings, built once by the sweep) reaches both engines of
+    a pair, as it reaches a lone engine."""
+    from tunebook.models.presets import resolve_model
+    from tunebook.servers.kinds import StartSettings, server_for
+
+    cfg = make_plan(parse([pair()])).engines[0]
+    for wanted in (False, True, None):
+        p = server_for(resolve_model("qwen3-tiny"), cfg.knobs, {}, tmp_path / "e.log",
+                       StartSettings(timeout_s=60, fast_start=wanted))
+        assert isinstance(p, disagg.DisaggPair)
+        assert [e.fast_start for e in p.roles.values()] == [wanted, wanted]
+        assert {e.startup_timeout_s for e in p.roles.values()} == {60}
+
+
 def test_a_pair_object_hides_the_store_and_shares_one_key(tmp_path):
     from tunebook.models.presets import resolve_model
 

@@ -21,7 +21,7 @@ import functools
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -133,14 +133,14 @@ def server_options(runs: list[PlannedRun]) -> ServerOptions:
 
 @dataclass
 class SupplyContext:
-    """What any supply needs to start a server: where engine logs go, how long a start may
-    take, the sweep's step clock and its start records."""
+    """What any supply needs to start a server: where engine logs go, how servers start (the
+    sweep's settings, built once from its params; each start adds the server options its
+    runs need), the sweep's step clock and its start records."""
 
     engine_logs: Any  # engine config id -> log path (Store.engine_log_path)
-    startup_timeout_s: float
+    start: StartSettings
     steps: StepTimes
     starts: Starts
-    fast_start: bool | None = None  # params' fast_start (None: TUNEBOOK_FAST_START decides)
 
 
 @dataclass
@@ -185,8 +185,7 @@ class FreshSupply:
     def new(self, cfg: EngineConfig, model: ModelRef, options: ServerOptions) -> Server:
         log = Path(self.ctx.engine_logs(cfg.id))
         return server_for(model, cfg.knobs, cfg.env, log,
-                          StartSettings(options, self.ctx.startup_timeout_s,
-                                        self.ctx.fast_start))
+                          replace(self.ctx.start, options=options))
 
     def _start(self, cfg: EngineConfig, server: Server, bar: Any) -> Supplied:
         try:

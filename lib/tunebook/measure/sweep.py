@@ -216,8 +216,9 @@ class Sweep:
 
     def local_executor(self) -> LocalExecutor:
         """Engine configs run here, from the supply the options ask for."""
-        ctx = SupplyContext(self.store.engine_log_path, self.params.startup_timeout_s,
-                            self.steps, self.starts, self.params.fast_start)
+        start = server_kinds.StartSettings(timeout_s=self.params.startup_timeout_s,
+                                           fast_start=self.params.fast_start)
+        ctx = SupplyContext(self.store.engine_log_path, start, self.steps, self.starts)
         keeper = self.options.keeper
         supply = (KeptSupply(ctx, keeper) if keeper else
                   TogetherSupply(ctx, self.params.start_together)

@@ -164,8 +164,11 @@ class PairKind(ServerKind):
 
     def server(self, model: ModelRef, knobs: Mapping[str, Any], env: Mapping[str, str],
                log_path: Path, start: StartSettings) -> Server:
-        return disagg.DisaggPair(model, knobs, dict(env), log_path, start.timeout_s,
+        pair = disagg.DisaggPair(model, knobs, dict(env), log_path, start.timeout_s,
                                  start.options)
+        for engine in pair.roles.values():  # each side starts as a lone engine would
+            engine.fast_start = start.fast_start
+        return pair
 
     def engines(self, knobs: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         return disagg.engines_of(knobs)
