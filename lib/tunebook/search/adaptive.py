@@ -33,7 +33,7 @@ from tunebook.inputs.slo import (
     SearchSpec,
     point_key,
 )
-from tunebook.servers import sglang as peer
+from tunebook.servers import kinds as server_kinds
 
 Row = Mapping[str, Any]
 Evaluate = Callable[[dict[str, Any], int], Row]
@@ -355,6 +355,7 @@ def full_grid(evaluate: Evaluate, spec: SearchSpec, bounds: Sequence[Bound]) -> 
 
 
 def serve_command(model: str, base: Mapping[str, Any], knobs: Mapping[str, Any]) -> str:
-    """The config as a command line (what to run in production): `vllm serve …`, or SGLang's
-    when the search's space holds engine_kind."""
-    return peer.serve_command(model, {**base, **knobs})
+    """The config as a command line (what to run in production), as its server kind writes
+    it: `vllm serve …`, or SGLang's when the search's space holds engine_kind."""
+    cfg = {**base, **knobs}
+    return "\n".join(server_kinds.kind_of(cfg).serve_lines(model, cfg))

@@ -55,9 +55,10 @@ class ServerKind(ABC):
         """The `entry_key` mapping of an engine_grid entry, checked (None when unusable)."""
         raise NotImplementedError(f"{self.name} owns no engine_grid key")
 
+    @abstractmethod
     def serve_lines(self, model: str, knobs: Mapping[str, Any]) -> list[str]:
-        """What a dry run prints for this config: the command(s) a person would type."""
-        return [sglang.serve_command(model, knobs)]
+        """The command(s) a person would type to start this config by hand (dry runs, the SLO
+        search's answer)."""
 
     def label(self, entry: Mapping[str, Any]) -> str | None:
         """An engine_grid entry's label when the kind names it itself (None: knob=value)."""
@@ -134,8 +135,8 @@ class VllmKind(ServerKind):
         return out + _shared_problems(knobs, together)
 
     def serve_lines(self, model: str, knobs: Mapping[str, Any]) -> list[str]:
-        line = sglang.serve_command(model, knobs)
-        return [line + ("" if knob_table.argv(dict(knobs)) else " (vLLM defaults)")]
+        flags = knob_table.argv(dict(knobs))
+        return [" ".join(["vllm serve", model, *flags]) + ("" if flags else " (vLLM defaults)")]
 
 
 class SGLangKind(ServerKind):
@@ -152,6 +153,9 @@ class SGLangKind(ServerKind):
     def problems(self, knobs: Mapping[str, Any], together: int = 1) -> Problems:
         # a knob SGLang has no equivalent for
         return sglang.problems(knobs) + _shared_problems(knobs, together)
+
+    def serve_lines(self, model: str, knobs: Mapping[str, Any]) -> list[str]:
+        return [sglang.serve_command(model, knobs)]
 
 
 class PairKind(ServerKind):

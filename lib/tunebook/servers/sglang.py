@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from tunebook.core.knobs import ENGINE_KINDS
-from tunebook.core.knobs import argv as knob_argv
 from tunebook.servers.base import HOST, SERVED_NAME
 from tunebook.servers.process import RESET_BUSY, RESET_FAILED, RESET_OK, ProcessServer
 from tunebook.servers.sglang_launch import (
@@ -216,12 +215,9 @@ def sglang_argv(python: str, model_path: str, tokenizer: str | None, load_format
 
 
 def serve_command(model: str, knobs: Mapping[str, Any]) -> str:
-    """The command a person would type to start this config by hand (dry runs, the SLO
-    search's answer): `vllm serve …`, or SGLang's launcher with the mapped flags."""
-    if kind_of(knobs) == SGLANG:
-        return " ".join(["python -m", SGLANG_MODULE, "--model-path", model,
-                         *sglang_flags(knobs)])
-    return " ".join(["vllm serve", model, *knob_argv(knobs)])
+    """The command a person would type to start this SGLang config by hand: its launcher
+    with the mapped flags (tunebook.servers.kinds asks each kind for its own)."""
+    return " ".join(["python -m", SGLANG_MODULE, "--model-path", model, *sglang_flags(knobs)])
 
 
 class SGLangServer(ProcessServer):
