@@ -112,6 +112,24 @@ def report(out: Path) -> str:
     return text
 
 
+def launcher_cuda() -> list[dict[str, Any]]:
+    """Per live launcher: the NVIDIA device files it has open (a CUDA context opens
+    /dev/nvidiactl, /dev/nvidia<N>, /dev/nvidia-uvm) and whether the CUDA driver library is
+    mapped in it (dlopened by cuInit): both empty = it never initialised CUDA."""
+    out = []
+    for x in L._LAUNCHERS:
+        if x.proc is None or x.proc.poll() is not None:
+            continue
+        pid = x.proc.pid
+        fds = sorted({os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()
+                      if os.readlink(f).startswith("/dev/nvidia")})
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        out.append({"launcher_pid": pid, "nvidia_device_files_open": fds,
+                    "libcuda_mapped": "libcuda.so" in maps,
+                    "libtorch_cuda_mapped": "libtorch_cuda" in maps})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-tiny")
@@ -151,6 +169,11 @@ def main() -> None:
         for method in methods:
             if method != L.EXEC:
                 start(method, "warm-up")
+            if method != L.EXEC and not (a.out / "launcher-cuda.json").exists():
+                # the launcher must not touch CUDA before it forks (a forked CUDA context is
+                # unusable): after its first engine, what does the launcher itself hold?
+                write_new(a.out / "launcher-cuda.json",
+                          json.dumps(launcher_cuda(), indent=1).encode())
         for _ in range(a.rounds):
             for method in methods:
                 start(method, "round")
