@@ -66,6 +66,28 @@ def test_failed_reset_is_a_failed_run_and_nothing_is_sent(tmp_path: Path) -> Non
     assert eng.requests == [] and "engine_metrics" not in record
 
 
+def test_a_result_tunebook_cannot_read_is_a_failed_row_not_a_crash(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's client answered, and reading its result raised (vLLM 0.26 on the H100: no
+    `latencies`, an IndexError in the SLO share): the run is stored failed, saying so, with
+    vLLM's arrays kept; the sweep goes on."""
+    eng = FakeEngine(tmp_path)
+
+    def fake_bench(argv: list[str], **kw: Any) -> tuple[dict, str]:
+        eng.loaded = True
+        return {"completed": 4, "failed": 0, "duration": 1.5, "ttfts": [0.1] * 4}, "printed"
+
+    def unreadable(result: dict, point: Any) -> dict:
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(point_mod, "run_bench", fake_bench)
+    monkeypatch.setattr(point_mod, "metrics_row", unreadable)
+    row, record = _one(_sweep(tmp_path, reset_prefix_cache=False, num_warmups=0), eng)
+    assert row["status"] == schema.STATUS_FAILED
+    assert row["error"].startswith("tunebook could not read vLLM's result: IndexError")
+    assert "ttfts" in row["error"] and record["requests"]["ttfts"] == [0.1] * 4
+
+
 def test_bench_point_without_reset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     eng = FakeEngine(tmp_path)
     sent: list[list[str]] = []

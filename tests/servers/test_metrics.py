@@ -372,3 +372,21 @@ def test_itl_tail_over_the_gaps_vllm_uses() -> None:
     row = metrics_row({"completed": 3, "output_throughput": 10.0, **result}, point)
     assert row["max_itl_ms"] == tail["max_itl_ms"] and {"p999_itl_ms", "max_itl_ms"} <= set(
         schema.COLUMN_NAMES)
+
+
+def test_slo_attainment_with_and_without_vllms_latencies() -> None:
+    """vLLM's rule (TPOT per request = (e2el - ttft) / (tokens - 1)) on a result with its
+    `latencies`, and on one without them (vLLM 0.26's client on the H100 gave none, and the
+    sweep crashed on an IndexError): e2el is then TTFT plus the request's inter-token gaps, as
+    vLLM measures it; a request with neither makes the share unknown, not wrong."""
+    from tunebook.measure.client import slo_attainment
+
+    base = {"ttfts": [0.5, 3.0, 0.2, 0.1], "output_lens": [5, 5, 1, 0],
+            "errors": ["", "", "", "boom"], "itls": [[0.05] * 4, [0.05] * 4, [], []]}
+    with_lats = {**base, "latencies": [0.7, 3.2, 0.2, 0.0]}
+    bounds = "ttft:2000 tpot:100"
+    # good: the first (TPOT 50 ms) and the one-token answer; the slow one and the failed not
+    assert slo_attainment(with_lats, bounds) == 0.5
+    assert slo_attainment(base, bounds) == 0.5  # the same from the gaps
+    assert slo_attainment({**base, "itls": []}, bounds) is None
+    assert slo_attainment({**base, "itls": [[0.2] * 4, [0.05] * 4, [], []]}, bounds) == 0.25

@@ -302,19 +302,29 @@ def slo_attainment(result: dict[str, Any], goodput: str) -> float | None:
     text, "ttft:2000 tpot:100 e2el:20000", ms). vLLM's definition of a good request: it
     succeeded and each bound holds with <=, TPOT per request = (e2el - ttft) / (output tokens
     - 1), 0 for a one-token answer. Unlike vLLM's request_goodput (good requests per second),
-    the share counts a failed request as sent and not good."""
+    the share counts a failed request as sent and not good. A request's e2el is vLLM's
+    `latencies` where the result has them, else its TTFT plus its inter-token gaps (what vLLM
+    measures it as, streaming); None when a request that succeeded has neither."""
     bounds = {k: float(v) / 1000 for k, v in (b.split(":") for b in goodput.split())}
     ttfts, lats = result.get("ttfts") or [], result.get("latencies") or []
     outs, errors = result.get("output_lens") or [], result.get("errors") or []
+    itls = result.get("itls") or []
     n = max(len(ttfts), len(errors))
     if not n:
         return None
     good = 0
     for i in range(n):
-        if i >= len(ttfts) or (errors[i] if i < len(errors) else "") or outs[i] == 0:
+        if i >= len(ttfts) or (errors[i] if i < len(errors) else "") \
+                or i >= len(outs) or not outs[i]:
             continue
-        tpot = (lats[i] - ttfts[i]) / (outs[i] - 1) if outs[i] > 1 else 0.0
-        values = {"ttft": ttfts[i], "tpot": tpot, "e2el": lats[i]}
+        if i < len(lats) and lats[i] is not None:
+            e2el = lats[i]
+        elif i < len(itls) and itls[i] is not None:
+            e2el = ttfts[i] + sum(itls[i])
+        else:
+            return None
+        tpot = (e2el - ttfts[i]) / (outs[i] - 1) if outs[i] > 1 else 0.0
+        values = {"ttft": ttfts[i], "tpot": tpot, "e2el": e2el}
         good += all(values[k] <= b for k, b in bounds.items())
     return good / n
 

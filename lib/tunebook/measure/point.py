@@ -269,18 +269,25 @@ def _measure(server: Server, run: PlannedRun, ctx: PointContext, out: Outcome) -
         if out.error:
             out.status = schema.STATUS_FAILED
     else:
-        out.metrics = metrics_row(res, point)
         texts = point.dataset in PROMPT_DATASETS
         out.extra.update({"requests": request_arrays(res, texts),
                           "bench_output": printed[-4000:]})
-        if not out.metrics.get("completed"):
+        try:
+            out.metrics = metrics_row(res, point)
+        except Exception as e:  # noqa: BLE001 - a result tunebook cannot read: a failed row,
+            # with vLLM's arrays kept for a later reading, not a crashed sweep
             out.status = schema.STATUS_FAILED
-            out.error = (error_summary(res) or "no request completed")[:500]
-        elif out.metrics.get("failed_requests"):
-            # vLLM's metrics leave failed requests out: the numbers would flatter this run.
-            out.status = schema.STATUS_FAILED
-            out.error = (f"{out.metrics['failed_requests']} request(s) failed: "
-                         f"{error_summary(res)}")[:500]
+            out.error = (f"tunebook could not read vLLM's result: {type(e).__name__}: {e} "
+                         f"(its keys: {', '.join(sorted(res))})")[:500]
+        else:
+            if not out.metrics.get("completed"):
+                out.status = schema.STATUS_FAILED
+                out.error = (error_summary(res) or "no request completed")[:500]
+            elif out.metrics.get("failed_requests"):
+                # vLLM's metrics leave failed requests out: the numbers would flatter this run
+                out.status = schema.STATUS_FAILED
+                out.error = (f"{out.metrics['failed_requests']} request(s) failed: "
+                             f"{error_summary(res)}")[:500]
     if (not server.alive() or out.status != schema.STATUS_OK) \
             and (died := exited(server)) is not None:  # at once when it is gone already
         return _lost(run, server, ctx, out, died)
