@@ -287,9 +287,21 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 
 _EXIT_STATUS: list[int] = []
+# The working tree's outputs/ as the session found it: no test may add to it (a test writing
+# where the user's own runs go — this box's machine folder — would mix into their results).
+_OUTPUTS_AT_START = {p.name for p in (REPO / "outputs").iterdir()} \
+    if (REPO / "outputs").is_dir() else set()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    added = sorted({p.name for p in (REPO / "outputs").iterdir()} - _OUTPUTS_AT_START) \
+        if (REPO / "outputs").is_dir() else []
+    if added:
+        session.config.get_terminal_writer().line(
+            f"tests added to the working tree's outputs/: {added} (a test used the default "
+            "outputs root: give it --outputs or TUNEBOOK_OUTPUTS)", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        exitstatus = int(session.exitstatus)
     _EXIT_STATUS.append(int(exitstatus))
 
 

@@ -102,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     _ray(args)  # in the environment: the papermill kernel's sweep reads it
     params = _load(args)
-    outputs = machines.experiments_root(args.outputs)
+    outputs = machines.experiments_root(args.outputs, settle=not args.dry_run)
     if args.dry_run:
         print(_describe(params, outputs))
         return EXIT_OK
@@ -215,7 +215,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     _wait(args)  # before the Sweep reads it
     _ray(args)
-    sweep = Sweep(_load(args), machines.experiments_root(args.outputs),
+    sweep = Sweep(_load(args), machines.experiments_root(args.outputs, settle=not args.dry_run),
                   SweepOptions(progress=not args.quiet, on_finish=index.rebuild))
     if args.dry_run:
         print(sweep.describe())

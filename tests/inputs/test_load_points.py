@@ -43,10 +43,11 @@ def _probe(**load: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("path", sorted((REPO / "params").glob("*.yaml")), ids=lambda p: p.name)
 def test_committed_experiments_still_resume_as_done(path: Path) -> None:
-    """Every run the shipped params plan is stored under outputs/ (cpu or h200, by the file's
-    name) with the id planned today: the new load-point fields left every id as it was."""
+    """Every run the shipped params plan is stored under outputs/ (cpu, h100 or h200, by the
+    file's name) with the id planned today: the new load-point fields left every id as it was."""
     p = P.load(path)
-    root = REPO / "outputs" / ("h200" if "h200" in path.stem else "cpu") / p.experiment
+    machine = next((m for m in ("h200", "h100") if m in path.stem), "cpu")
+    root = REPO / "outputs" / machine / p.experiment
     if not (root / "runs").is_dir():
         pytest.skip(f"no committed experiment {root.relative_to(REPO)}")
     if p.search:

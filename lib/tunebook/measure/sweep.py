@@ -102,7 +102,8 @@ class Sweep:
         self.params = params
         self.options = options or SweepOptions()
         self.plan = make_plan(params)
-        self.store = Store(machines.experiments_root(outputs) / params.experiment)
+        # the entry points (cli, notebooks, the panel) settle this box's folder when they run
+        self.store = Store(machines.experiments_root(outputs, settle=False) / params.experiment)
         self.steps = StepTimes()
         self.starts = Starts()  # the deadline rule's record: ok rows stored and made here
         address = ray_address(params) if self.options.keeper is None else None

@@ -221,7 +221,7 @@ def open(params_file: str | Path, overrides: dict[str, Any] | None = None,  # no
          progress: bool = True) -> Workbook:
     params = P.load(params_file, overrides or {})
     report.enable_offline_charts()
-    sweep = Sweep(params, machines.experiments_root(outputs), SweepOptions(
+    sweep = Sweep(params, machines.experiments_root(outputs, settle=not dry_run), SweepOptions(
         progress=progress, on_finish=index.rebuild))
     return Workbook(params, sweep, dry_run=dry_run)
 

@@ -42,7 +42,7 @@ class SweepEvaluator:
         if not params.slo or not params.search:
             raise ValueError(f"{params.source}: no slo/search section: nothing to search")
         self.params = params
-        self.outputs = machines.experiments_root(outputs)
+        self.outputs = machines.experiments_root(outputs, settle=False)  # its callers settle
         self.progress = progress
         self.stored_only = stored_only  # never start an engine: a point not stored is missing
         self.keeper = EngineKeeper()
