@@ -180,6 +180,16 @@ def remove_leftovers(pattern: str | None, log: str) -> None:
         Path(path).unlink(missing_ok=True)
 
 
+def remove_engine_files(scratch: Path | str | None, pattern: str | None, log: Path) -> None:
+    """What a stopped engine leaves outside its own folders: its scratch folder, and the files
+    its log names with `pattern`. For its stop and the orphan reaper alike: call it once every
+    process of the engine is gone (a live one may still use them)."""
+    if scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        remove_leftovers(pattern, log.read_text(errors="replace"))
+
+
 def reap_orphans() -> list[int]:
     """Kill engines whose owning process is gone (e.g. a Jupyter kernel that was killed)."""
     reaped = []
@@ -200,12 +210,8 @@ def reap_orphans() -> list[int]:
         if _group_members(pgid):
             kill_group(pgid, grace_s=10)
             reaped.append(pgid)
-        if not _group_members(pgid):
-            if info.get("scratch"):
-                shutil.rmtree(info["scratch"], ignore_errors=True)
-            with contextlib.suppress(OSError, KeyError):
-                remove_leftovers(info.get("leftovers"),
-                                 Path(info["log"]).read_text(errors="replace"))
+        if not _group_members(pgid) and info.get("log"):
+            remove_engine_files(info.get("scratch"), info.get("leftovers"), Path(info["log"]))
         pf.unlink(missing_ok=True)
     return reaped
 
@@ -483,14 +489,8 @@ class ProcessServer(ServerBase, ABC):
     def _remove_leftovers(self) -> None:
         if self.proc is not None and _group_members(self.proc.pid):
             return  # a process of it outlived the stop: its files may be in use
-        if self.scratch is not None:
-            shutil.rmtree(self.scratch, ignore_errors=True)
-            self.scratch = None
-        try:
-            text = self.log_text()
-        except OSError:
-            return
-        remove_leftovers(self.leftover_files, text)
+        remove_engine_files(self.scratch, self.leftover_files, self.log_path)
+        self.scratch = None
 
     # -- talking to it (loopback only) -----------------------------------------------------
     def request(self, method: str, path: str, body: Any = None,

@@ -103,7 +103,6 @@ class Engine(ProcessServer):
             out[RPC_PATH_ENV] = str(self.scratch)
         return out
 
-
     def reset_answer(self, status: int, text: str) -> tuple[str, str]:
         """vLLM answers `{"success": false}` while blocks are still held (a request
         finishing): busy, asked again; 404 when it is not in dev mode."""
