@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
 GZ = ".gz"
+# a folder name under outputs/ (an experiment's, a machine's): 1-64 letters, digits, '.', '_'
+# or '-', starting with a letter or digit (fullmatch it)
+FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def shared_mode() -> int:

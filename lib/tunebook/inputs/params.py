@@ -44,6 +44,7 @@ from typing import Any
 import yaml
 
 from tunebook.core import hardware, knobs
+from tunebook.core.files import FOLDER_NAME
 from tunebook.inputs.load import (
     BLOCK_REUSE,
     DATASETS,
@@ -75,7 +76,7 @@ MAX_NESTING = 20  # YAML levels; real params use at most 6
 MAX_VALUES = 100_000  # values once YAML aliases are expanded (the "billion laughs" guard)
 MAX_PROBLEMS = 20  # problems listed in one ParamsError; the rest are counted
 
-EXPERIMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+EXPERIMENT_RE = FOLDER_NAME  # an experiment is a folder under outputs/
 ENV_NAME_RE = re.compile(r"^VLLM_[A-Z0-9_]+$")
 # Environment variables that could carry secrets never go through params.
 SECRET_ENV_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
@@ -532,7 +533,7 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
         if any(c in experiment for c in "/\\") or ".." in experiment:
             v.err("experiment", "is a folder name under outputs/, not a path: no '/', '\\' or "
                                 f"'..'; got {_short(experiment)}")
-        elif not EXPERIMENT_RE.match(experiment):
+        elif not EXPERIMENT_RE.fullmatch(experiment):
             v.err("experiment", "must be 1-64 letters, digits, '.', '_' or '-', starting with a "
                                 f"letter or digit; got {_short(experiment)}")
     model = v.get(data, "model", str, required=True)
@@ -738,7 +739,7 @@ def _parts(v: _Validator, data: dict, model: Any, engine: dict[str, Any], max_ru
             continue
         v.unknown(item, PART_KEYS, key)
         name = item.get("name")
-        if not isinstance(name, str) or not EXPERIMENT_RE.match(name):
+        if not isinstance(name, str) or not EXPERIMENT_RE.fullmatch(name):
             v.err(f"{key}.name", "is required: 1-64 letters, digits, '.', '_' or '-', got "
                                  f"{_short(name)}")
             name = f"part{i}"

@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from tunebook.core import config
-from tunebook.core.files import replace_atomic
+from tunebook.core.files import FOLDER_NAME, replace_atomic
 
 MACHINE_ENV = "TUNEBOOK_MACHINE"
 MACHINE_JSON = "machine.json"
 _SAVED = "machine-name.json"  # in the state folder (TUNEBOOK_STATE_DIR)
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # words that name no machine: "Intel(R) Xeon(R) Processor @ 2.20GHz" -> intel-xeon
 _NOISE = re.compile(r"\((?:r|tm)\)|\b(?:cpu|processor|core\(tm\))\b|@.*$", re.IGNORECASE)
 
@@ -41,7 +40,7 @@ class MachineNameError(ValueError):
 
 
 def check_name(name: str) -> str:
-    if not _NAME.fullmatch(name) or name in (".", ".."):
+    if not FOLDER_NAME.fullmatch(name):
         raise MachineNameError(
             f"a machine name is a folder name of letters, digits, '.', '_' and '-' (at most "
             f"64, starting with a letter or digit); got {name!r}")
