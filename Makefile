@@ -39,7 +39,7 @@ test: $(STAMP) models ## the whole suite, real vLLM engines included (12:33 pyte
 test-fast-start: $(STAMP) models ## only the plain-vs-launcher starts of SmolLM2 (in make test too; 3 engine starts, ~1 min)
 	$(BIN)/python -m pytest -q -ra -m fast_start tests
 
-test-faults: $(STAMP) models ## kill -9 of each engine process at each moment, with each start method (forked, API server forked, plain): the whole matrix (make test: forked all, API server forked one case; ~15 min)
+test-faults: $(STAMP) models ## kill -9 of each engine process at each moment, with each start method (forked, API server forked, plain): the whole matrix (make test: forked all, plain one case; ~15 min)
 	TUNEBOOK_FULL_FAULT_MATRIX=1 $(BIN)/python -m pytest -q -ra -s tests/measure/test_engine_deaths.py
 
 test-fast: $(STAMP) models ## the suite without engine starts (~105 s on 2 cores: about 1,000 tests and nine background replots)

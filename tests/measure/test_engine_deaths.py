@@ -12,11 +12,11 @@ points left, which are `ok`; resume runs exactly the interrupted points again.
 Engine starts are the cost, so each start method is one sweep: the engine of each case is the
 replacement of the case before (10 cases, 11 engines, 3 of them cut short), eager (no compile)
 and one user of short answers. A plain start costs about seven forked ones here (vLLM is
-imported again by each of its three processes: ~55 s against ~8 s), one with the API server
-forked about four, so `make test` runs the whole matrix forked (~125 s) and, API server forked,
-the case the issue found broken (ONE_CASE: a spawned engine core's death is seen by vLLM, which
-stops its API server: the path plain starts take, at ~60 s for two starts against ~120 s);
-`make test-faults` (TUNEBOOK_FULL_FAULT_MATRIX=1) runs every case with every method. The kills
+imported again by each of its three processes: ~50 s against ~8 s), so `make test` runs the
+whole matrix forked (~125 s) and, with plain starts, the case the issue found broken (ONE_CASE:
+a spawned engine core's death is seen by vLLM, which stops its API server; two starts);
+`make test-faults` (TUNEBOOK_FULL_FAULT_MATRIX=1) runs every case with every method, the API
+server forked (the GPU default, its engine core spawned) included. The kills
 between two points happen inside the sweep's
 `on_result` (the sweep is between its points there, however fast the machine); those during a
 point when the engine logs the point's first request; those during a start when the worker
@@ -69,9 +69,9 @@ METHODS = {"forked": ("1", "launcher+fork"), "api": ("api", "launcher"), "plain"
 
 def cases_of(method: str) -> list[tuple[str, str]]:
     full = os.environ.get(FULL_ENV) == "1"
-    if method == "plain" and not full:
-        pytest.skip(f"plain starts: `make test-faults` ({FULL_ENV}=1); make test runs the "
-                    "same deaths with the API server forked")
+    if method == "api" and not full:
+        pytest.skip(f"API server forked: `make test-faults` ({FULL_ENV}=1); its engine core is "
+                    "spawned as with plain starts, whose case make test runs")
     return CASES if method == "forked" or full else ONE_CASE
 
 
