@@ -35,6 +35,7 @@ QUICK = REPO / "params" / "quickstart.yaml"
 # test_faults' scheduler run, a knob in its rows by that run and by ch02's live sweep).
 SMALL = ["-p", "engine_grid", "[{}]", "-p", "load.users", "[1, 2]",
          "-p", "load.prompts_per_user", "2"]
+PRICED = ["-p", "cost", "{usd_per_hour: 1.8}"]  # the user's price of this box (issue 49)
 SMALL_OVERRIDES = {"engine_grid": [{}], "load.users": [1, 2], "load.prompts_per_user": 2}
 
 pytestmark = pytest.mark.engine
@@ -44,7 +45,7 @@ pytestmark = pytest.mark.engine
 def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("outputs")
     assert os.environ["HF_TOKEN"] == FAKE_HF_TOKEN  # conftest: kernel and engine inherit it
-    rc = cli(["run", str(QUICK), *SMALL, "--outputs", str(out), "-q"])
+    rc = cli(["run", str(QUICK), *SMALL, *PRICED, "--outputs", str(out), "-q"])
     assert rc == 0
     return out / "quickstart"
 
@@ -79,6 +80,14 @@ def test_rows_land_in_parquet(quickstart: Path) -> None:
     for col in ("vllm_version", "vllm_package", "hardware", "cpu_model", "tunebook_commit",
                 "started_at", "schema_version"):
         assert df[col].notna().all(), col
+    # priced at the user's number, at each run's own throughput
+    assert (df["usd_per_hour"] == 1.8).all()
+    assert df["usd_per_m_output_tok"].to_list() == pytest.approx(
+        (1.8 / 3600 / df["output_tok_s"] * 1e6).to_list())
+    assert (df["usd_per_m_total_tok"] < df["usd_per_m_output_tok"]).all()
+    # no energy counter on this CPU box: the row says why instead of a number
+    assert df["energy_j"].isna().all() and df["energy_per_output_tok_j"].isna().all()
+    assert df["energy_note"].str.contains("no GPU energy counter").all(), df["energy_note"]
 
 
 def test_startup_facts_parsed(quickstart: Path) -> None:

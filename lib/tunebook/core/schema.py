@@ -224,6 +224,23 @@ COLUMNS: tuple[Column, ...] = (
        "decodes it"),
     _C("cached_tokens", "Int64", "block_reuse: prompt tokens of the second prompt the engine "
                                  "served from cache (usage.prompt_tokens_details.cached_tokens)"),
+    # --- energy and cost of the measured window (tunebook.measure.energy, .cost) -------------
+    # The device's energy counter (NVML on NVIDIA GPUs: whole-device, every GPU the engine may
+    # use) from the first measured request sent to the last one finished: start-up and warm-ups
+    # excluded. <NA> where the box has no readable counter; energy_note then says why.
+    _C("energy_j", "float64", "joules the engine's GPUs used over the measured window"),
+    _C("energy_per_output_tok_j", "float64", "energy_j / total_output_tokens"),
+    _C("mean_power_w", "float64", "energy_j / energy_window_s: mean power of the GPUs, W"),
+    _C("energy_window_s", "float64",
+       "the measured window: first request sent to last one finished, seconds"),
+    _C("energy_note", "string", "why there is no energy number (no counter, a reset, ...)"),
+    # The user's price of the box per hour (params cost.usd_per_hour: theirs, no built-in list)
+    # over the run's measured throughput. <NA> without a price.
+    _C("usd_per_hour", "float64", "the price per hour of the box the user stated"),
+    _C("usd_per_m_output_tok", "float64",
+       "USD per million output tokens at output_tok_s: usd_per_hour / 3600 / output_tok_s x 1e6"),
+    _C("usd_per_m_total_tok", "float64", "USD per million tokens, prompt and output, at "
+                                         "total_tok_s"),
     # --- prefill/decode disaggregation (Fig 6.2, tunebook.servers.disagg): <NA> on one engine -----
     _C("disaggregated", "boolean", "the load went through a proxy to a prefill engine, then a "
                                    "decode engine fed by a KV connector; False: one engine"),

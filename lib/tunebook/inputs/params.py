@@ -39,12 +39,13 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from tunebook.core import hardware, knobs
 from tunebook.core.files import FOLDER_NAME
+from tunebook.inputs import cost  # noqa: F401 - the owners of params sections register them
 from tunebook.inputs.load import (
     BLOCK_REUSE,
     DATASETS,
@@ -53,6 +54,7 @@ from tunebook.inputs.load import (
     WorkloadRef,
     file_state,
 )
+from tunebook.inputs.sections import SECTIONS, Section
 from tunebook.inputs.workloads import formats as workload_formats
 from tunebook.inputs.workloads.replay import Replay
 from tunebook.models import presets as models
@@ -103,8 +105,9 @@ TOP_KEYS = (
     "experiment", "notebook", "model", "description", "engine", "engine_grid", "engine_env",
     "load", "repeats", "max_runs", "max_prompts", "startup_timeout_s", "run_timeout_s", "figures",
     "parts", "start_together", "figures_only", "layout", "slo", "search", "executor",
-    "fast_start",
+    "fast_start", *SECTIONS.names(),
 )
+T = TypeVar("T")
 # Keys that plan engines: a figures_only file has none of them.
 ENGINE_KEYS = ("engine", "engine_grid", "engine_env", "load", "parts", "start_together",
                "repeats")
@@ -287,7 +290,13 @@ class SweepParams:
     # `tunebook tune` (tunebook.inputs.slo): the bounds to meet and the space to search
     slo: tuple[str, ...] = ()
     search: dict[str, Any] = field(default_factory=dict)
+    # the sections their mechanisms own (tunebook.inputs.sections): key -> value, set ones only
+    sections: dict[str, Any] = field(default_factory=dict)
     source: str = "<params>"
+
+    def section(self, sec: Section[T]) -> T:
+        """The value of a registered section (its default when the file leaves it out)."""
+        return self.sections.get(sec.key, sec.default)
 
     def all_parts(self) -> tuple[Part, ...]:
         """The parts, or the one implicit part (engine_grid × load) of a file without any;
@@ -338,6 +347,8 @@ class SweepParams:
         if self.parts:
             del out["engine_grid"]
             out["parts"] = [part.to_dict() for part in self.parts]
+        for key, value in self.sections.items():
+            out[key] = SECTIONS.get(key).dump(value)
         return out
 
 
@@ -587,6 +598,7 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
                            "figures_only)")
     layout = _layout(v, v.get(data, "layout", dict, default={}))
     slo_bounds, search = _slo_search(v, data, load_params)
+    sections = {sec.key: sec.read(v, data[sec.key]) for sec in SECTIONS if sec.key in data}
     parts = _parts(v, data, model, engine, max_runs, repeats, max_prompts, figures, together)
     if isinstance(start_together, int) and start_together > 1:
         grids = [g for part in parts for g in part.engine_grid] if parts else grid
@@ -635,7 +647,7 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
         executor=executor if isinstance(executor, str) else "local",
         fast_start=fast_start if isinstance(fast_start, bool) else None,
         figures_only=figures_only is True, layout=layout, slo=slo_bounds, search=search,
-        source=source,
+        sections=sections, source=source,
     )
 
 

@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from tunebook.core import hardware, schema
+from tunebook.inputs import cost
 from tunebook.inputs.load import BLOCK_REUSE, PROMPT_DATASETS, bench_argv, point_seed
 from tunebook.inputs.params import SweepParams
 from tunebook.inputs.plan import PlannedRun
-from tunebook.measure import probe
+from tunebook.measure import energy, probe
 from tunebook.measure.client import (
     ClientCache,
     LoadError,
@@ -106,6 +107,7 @@ def record_of(run: PlannedRun, server: Server, ctx: PointContext, out: Outcome) 
         "model": run.engine.model, "load_format": ctx.model.load_format if ctx.model else None,
         **run.point.as_row(), "seed": out.seed,
         **(out.metrics or {}), **(out.row_extra or {}), **server.row(),
+        **cost.columns(ctx.params.section(cost.SECTION), out.metrics or {}),
         "error": out.error, "error_line": out.error_line, "error_hint": out.error_hint,
         **hardware.machine(),
         **run.engine.knobs,
@@ -232,8 +234,10 @@ def _measure(server: Server, run: PlannedRun, ctx: PointContext, out: Outcome) -
         before = _scrape(server, scrape_errors)
     log_from = server.log_offsets()
     sampler = engine_metrics.Sampler(server.metrics_text)
+    meter = energy.EnergySampler(*energy.open_counter()) \
+        if point.dataset != BLOCK_REUSE else None
     try:
-        with sampler:
+        with sampler, meter or contextlib.nullcontext():
             if point.dataset == BLOCK_REUSE:
                 with _timed("block-reuse probe", timings, ctx.steps):
                     vocab = ((ctx.model.config if ctx.model else None) or {}).get("vocab_size")
@@ -274,6 +278,11 @@ def _measure(server: Server, run: PlannedRun, ctx: PointContext, out: Outcome) -
                           "bench_output": printed[-4000:]})
         try:
             out.metrics = metrics_row(res, point)
+            out.row_extra.update(energy.row(meter, res, out.metrics.get("total_output_tokens")))
+            if meter is not None and meter.counter is not None:
+                out.extra["energy"] = {"devices": meter.counter.devices,
+                                       "samples": len(meter.samples),
+                                       "errors": meter.errors[:5]}
         except Exception as e:  # noqa: BLE001 - a result tunebook cannot read: a failed row,
             # with vLLM's arrays kept for a later reading, not a crashed sweep
             out.status = schema.STATUS_FAILED

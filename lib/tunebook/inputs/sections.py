@@ -1,0 +1,33 @@
+"""A params section owned by its mechanism: the mechanism declares its top-level key, reads and
+checks it, and writes it back; params asks every registered section (SECTIONS) instead of
+knowing each one. A new section is one class next to the code that uses it, registered here
+with `SECTIONS.add`, and imported by tunebook.inputs.params (the owners' list).
+
+A section is how something is measured or priced, never what: no section enters a run id."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Generic, TypeVar
+
+from tunebook.core.registry import Registry
+from tunebook.servers.base import Checker
+
+T = TypeVar("T")
+
+
+class Section(ABC, Generic[T]):
+    key: str = ""  # the top-level params key
+    default: T
+
+    @abstractmethod
+    def read(self, v: Checker, raw: Any) -> T:
+        """The section's value from its raw YAML, every problem said through `v.err` (with
+        keys under `self.key`); return the default where it is unusable."""
+
+    @abstractmethod
+    def dump(self, value: T) -> Any:
+        """The value as YAML-able data (`read` reads it back)."""
+
+
+SECTIONS: Registry[Section[Any]] = Registry("params section")
