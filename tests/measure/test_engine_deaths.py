@@ -29,7 +29,6 @@ import os
 import re
 import select
 import signal
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -96,6 +95,7 @@ class Killer:
         self.cases = [Case(m, r) for m, r in cases]
         self.i = 0
         self.seen: set[int] = set()  # engines (pgids) already used by a case
+        self.scratch: set[str] = set()  # every engine's scratch folder (its pid file says)
         self.error: BaseException | None = None
         self.served = self.loads = 0
         self.stop = threading.Event()
@@ -109,9 +109,12 @@ class Killer:
         running: cheap enough to ask every few ms beside two cores of engine start)."""
         for pf in process.state_dir().glob("*.json"):
             try:
-                pgid = int(json.loads(pf.read_text())["pgid"])
+                info = json.loads(pf.read_text())
+                pgid = int(info["pgid"])
             except (OSError, ValueError, KeyError):
                 continue
+            if info.get("scratch"):
+                self.scratch.add(info["scratch"])
             if pgid not in self.seen and psutil.pid_exists(pgid):
                 return pgid
         return None
@@ -207,11 +210,6 @@ def _records(exp: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((exp / "runs").glob("*.json"))]
 
 
-def _scratch() -> set[Path]:
-    """Engines' scratch folders (ProcessServer.scratch)."""
-    return set(Path(tempfile.gettempdir()).glob("tunebook-engine-*"))
-
-
 def _segments() -> set[Path]:
     return set(shm.SHM_DIR.glob(f"{shm.SHM_PREFIX}*")) if shm.SHM_DIR.is_dir() else set()
 
@@ -237,7 +235,7 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
                  "num_warmups": 0},
         "repeats": points, "startup_timeout_s": 300, "run_timeout_s": RUN_TIMEOUT_S}))
     exp = tmp_path / "deaths"
-    segments_before, scratch_before = _segments(), _scratch()
+    segments_before = _segments()
     killer = Killer(exp, cases)
     t = threading.Thread(target=killer.run, daemon=True)
     t.start()
@@ -303,7 +301,8 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
     logs = "".join(p.read_text(errors="replace") for p in (exp / "engines").glob("*.log"))
     stores = re.findall(r"distributed_init_method=file://(\S+)", logs)
     assert stores and not [s for s in stores if Path(s).exists()], stores
-    assert _scratch() == scratch_before
+    # (this test's engines' own: another engine on the box may come and go meanwhile)
+    assert killer.scratch and not [s for s in killer.scratch if Path(s).exists()], killer.scratch
     # resume: exactly the interrupted points, run again
     again = Sweep(P.load(params), tmp_path, SweepOptions(progress=False))
     todo = {r.run_id for r in again.plan.runs} - again.done()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from tunebook.core import knobs as knob_table
@@ -120,3 +121,18 @@ class Engine(ProcessServer):
         if success:
             return RESET_OK, text or "HTTP 200"
         return RESET_BUSY, f"the engine answered {text} (blocks still in use)"
+
+
+class ConfigFileEngine(Engine):
+    """vLLM started from a config file (`--config FILE`, read by vLLM's own argument parser:
+    the file's flags first, the command line's after them, so the command line's --model,
+    host and port win) instead of knob flags: how tunebook.present.export proves a file it
+    wrote."""
+
+    def __init__(self, model: ModelRef, config_file: Path | str, log_path: Path | str,
+                 env: dict[str, str] | None = None, startup_timeout_s: float = 900.0):
+        super().__init__(model, {}, env, log_path, startup_timeout_s)
+        self.config_file = Path(config_file).resolve()
+
+    def build_argv(self, port: int) -> list[str]:
+        return [*super().build_argv(port), "--config", str(self.config_file)]
