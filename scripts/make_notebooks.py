@@ -90,6 +90,11 @@ Run it interactively, or unattended: `tunebook run params/quickstart.yaml` (pape
         md("## Latency percentiles\np50 / p90 / p99 time per output token against users, one "
            "line per engine config."),
         code('charts.latency_percentiles(wb.table(), "tpot") if len(wb.table()) else None'),
+        md("## What the tokens cost\nPer engine config, its cheapest tokens (USD per million "
+           "output tokens at your price, params `cost:`; else the GPUs' joules per output token) "
+           "against its p99 time per output token; the configs no other beats on both are "
+           "joined."),
+        code("wb.cost()"),
         *STARTS,
         md("## The numbers\nHeadline metrics (vLLM's own names and units), then every run that did "
            "not succeed, with the engine log line that explains it and the setting to change."),
@@ -231,6 +236,11 @@ Unattended: `tunebook run params/traces.yaml`. Bring your own file: `load.file`,
            "sent: where the trace's traffic stops being served well on this machine."),
         code('wb.replay("request_goodput_req_s")'),
         code('wb.replay("slo_attainment")'),
+        md("## What the tokens cost\nPer engine config, its cheapest tokens (USD per million "
+           "output tokens at your price, params `cost:`; else the GPUs' joules per output token) "
+           "against its p99 time per output token; the configs no other beats on both are "
+           "joined."),
+        code("wb.cost()"),
         *STARTS,
         md("## The numbers\nPer engine config and replay speed, then every run that did not "
            "succeed, with the line that explains it."),

@@ -39,7 +39,25 @@ def test_usd_per_million_tokens() -> None:
     # 3.6 USD an hour = 0.001 USD a second; at 1,000 tok/s a million tokens take 1,000 s
     assert C.per_million(3.6, 1000.0) == pytest.approx(1.0)
     assert C.per_million(None, 1000.0) is None and C.per_million(3.6, 0) is None
-    cols = C.columns(C.Cost(3.6), {"output_tok_s": 500.0, "total_tok_s": 2000.0})
+    cols = C.columns(C.Cost(3.6), {}, {"output_tok_s": 500.0, "total_tok_s": 2000.0})
     assert cols == pytest.approx({"usd_per_hour": 3.6, "usd_per_m_output_tok": 2.0,
+                                  "output_tok_per_usd": 500000.0,
                                   "usd_per_m_total_tok": 0.5})
-    assert C.columns(C.Cost(), {"output_tok_s": 1.0}) == {}
+    assert C.columns(C.Cost(), {}, {"output_tok_s": 1.0}) == {}
+
+
+def test_a_gpu_price_is_paid_per_gpu_a_config_uses() -> None:
+    c = P.parse({**BASE, "cost": {"usd_per_gpu_hour": 2.0}}).section(C.SECTION)
+    assert c.of({}) == 2.0 and c.of({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}) == 8
+    with pytest.raises(P.ParamsError) as e:
+        P.parse({**BASE, "cost": {"usd_per_hour": 1, "usd_per_gpu_hour": 2}})
+    assert "exactly one of" in str(e.value)
+
+
+def test_ranking_by_cost_needs_a_price() -> None:
+    search = {"slo": ["p99_tpot_ms <= 50"],
+              "search": {"knobs": {"max_num_seqs": [4, 8]}, "objective": C.OBJECTIVE}}
+    with pytest.raises(P.ParamsError) as e:
+        P.parse({**BASE, **search})
+    assert "needs your price" in str(e.value)
+    assert P.parse({**BASE, **search, "cost": {"usd_per_hour": 1}}).search

@@ -88,6 +88,7 @@ def test_rows_land_in_parquet(quickstart: Path) -> None:
     # no energy counter on this CPU box: the row says why instead of a number
     assert df["energy_j"].isna().all() and df["energy_per_output_tok_j"].isna().all()
     assert df["energy_note"].str.contains("no GPU energy counter").all(), df["energy_note"]
+    assert "usd_per_m_output_tok" in (quickstart / "report.html").read_text()  # its summary
 
 
 def test_startup_facts_parsed(quickstart: Path) -> None:

@@ -57,6 +57,9 @@ _TITLES = {
     "replay_speed": "Replay speed (× the trace's own request rate, log2)",
     "request_goodput_req_s": "Goodput: requests that met every bound (req/s)",
     "slo_attainment": "Requests that met every bound (share of those sent)",
+    "usd_per_m_output_tok": "USD per million output tokens (your price)",
+    "energy_per_output_tok_j": "Energy per output token (J)",
+    "mean_power_w": "Mean GPU power (W)",
 }
 _QUALIFIER = {"=": "", "≈": "≈ ", ">": "> ", "≤": "≤ "}
 _VL_VERSION = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])

@@ -234,13 +234,16 @@ COLUMNS: tuple[Column, ...] = (
     _C("energy_window_s", "float64",
        "the measured window: first request sent to last one finished, seconds"),
     _C("energy_note", "string", "why there is no energy number (no counter, a reset, ...)"),
-    # The user's price of the box per hour (params cost.usd_per_hour: theirs, no built-in list)
-    # over the run's measured throughput. <NA> without a price.
-    _C("usd_per_hour", "float64", "the price per hour of the box the user stated"),
+    # The user's price (params cost: theirs, no built-in list) over the run's measured
+    # throughput (tunebook.inputs.cost). <NA> without a price.
+    _C("usd_per_hour", "float64", "the price per hour of this engine config: the box's, or a "
+                                  "GPU's times the GPUs it uses"),
     _C("usd_per_m_output_tok", "float64",
        "USD per million output tokens at output_tok_s: usd_per_hour / 3600 / output_tok_s x 1e6"),
     _C("usd_per_m_total_tok", "float64", "USD per million tokens, prompt and output, at "
                                          "total_tok_s"),
+    _C("output_tok_per_usd", "float64", "output tokens one USD buys at output_tok_s: what "
+                                        "search.objective output_tok_per_usd maximises"),
     # --- prefill/decode disaggregation (Fig 6.2, tunebook.servers.disagg): <NA> on one engine -----
     _C("disaggregated", "boolean", "the load went through a proxy to a prefill engine, then a "
                                    "decode engine fed by a KV connector; False: one engine"),

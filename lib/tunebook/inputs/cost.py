@@ -1,23 +1,43 @@
-"""What serving costs, at the price the user states: params `cost: {usd_per_hour: 3.5}` (the
-box's price per hour, theirs: tunebook keeps no price list), turned into USD per million tokens
-at each run's measured throughput. A run's row carries the price it was priced at."""
+"""What serving costs, at the price the user states: params `cost:` with the box's price per
+hour (`usd_per_hour`) or a GPU's (`usd_per_gpu_hour`, times the GPUs an engine config uses:
+tensor × pipeline × data parallel sizes), theirs: tunebook keeps no price list. Each run's row
+gets its config's price and USD per million tokens at its measured throughput, and output
+tokens per USD: what `search.objective: output_tok_per_usd` maximises (the cheapest tokens that
+meet the SLO, which differs from the most tokens when configs use different numbers of GPUs)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tunebook.inputs.sections import SECTIONS, Section
 from tunebook.servers.base import Checker
 
-KEYS = ("usd_per_hour",)
-COLUMNS = ("usd_per_hour", "usd_per_m_output_tok", "usd_per_m_total_tok")
+KEYS = ("usd_per_hour", "usd_per_gpu_hour")
+COLUMNS = ("usd_per_hour", "usd_per_m_output_tok", "usd_per_m_total_tok", "output_tok_per_usd")
+GPU_KNOBS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+OBJECTIVE = "output_tok_per_usd"  # the search objective that needs a price
 
 
 @dataclass(frozen=True)
 class Cost:
-    usd_per_hour: float | None = None  # None: not priced
+    usd_per_hour: float | None = None  # the whole box, whatever a config uses of it
+    usd_per_gpu_hour: float | None = None  # one GPU: a config pays for the GPUs it uses
+
+    @property
+    def priced(self) -> bool:
+        return self.usd_per_hour is not None or self.usd_per_gpu_hour is not None
+
+    def of(self, knobs: Mapping[str, Any]) -> float | None:
+        """The price per hour of an engine config with these knobs."""
+        if self.usd_per_hour is not None:
+            return self.usd_per_hour
+        if self.usd_per_gpu_hour is None:
+            return None
+        gpus = math.prod(int(knobs.get(k) or 1) for k in GPU_KNOBS)
+        return self.usd_per_gpu_hour * gpus
 
 
 class CostSection(Section[Cost]):
@@ -26,20 +46,25 @@ class CostSection(Section[Cost]):
 
     def read(self, v: Checker, raw: Any) -> Cost:
         if not isinstance(raw, dict):
-            v.err(self.key, "must be a mapping: cost: {usd_per_hour: 3.5} (your price of "
-                            "this box per hour)")
+            v.err(self.key, "must be a mapping: cost: {usd_per_hour: 3.5} (your price of this "
+                            "box per hour) or {usd_per_gpu_hour: 2.1}")
             return self.default
         v.unknown(raw, KEYS, self.key)
-        price = raw.get("usd_per_hour")
+        given = [k for k in KEYS if k in raw]
+        if len(given) != 1:
+            v.err(self.key, "needs exactly one of usd_per_hour (the box) and usd_per_gpu_hour "
+                            f"(a GPU, times the GPUs each config uses); got {given or 'none'}")
+            return self.default
+        price = raw[given[0]]
         if isinstance(price, bool) or not isinstance(price, int | float) \
                 or not math.isfinite(price) or price <= 0:
-            v.err(f"{self.key}.usd_per_hour", "must be a positive number: what an hour of "
-                                              f"this box costs you in USD, got {price!r}")
+            v.err(f"{self.key}.{given[0]}", "must be a positive number: what an hour costs you "
+                                            f"in USD, got {price!r}")
             return self.default
-        return Cost(float(price))
+        return Cost(**{given[0]: float(price)})
 
     def dump(self, value: Cost) -> Any:
-        return {"usd_per_hour": value.usd_per_hour}
+        return {k: getattr(value, k) for k in KEYS if getattr(value, k) is not None}
 
 
 SECTION = SECTIONS.add(CostSection.key, CostSection())
@@ -58,11 +83,13 @@ def per_million(usd_per_hour: float | None, tok_s: Any) -> float | None:
     return usd_per_hour / 3600.0 / rate * 1e6
 
 
-def columns(cost: Cost, metrics: dict[str, Any]) -> dict[str, Any]:
-    """The row's cost columns for a run's metrics (output_tok_s, total_tok_s)."""
-    if cost.usd_per_hour is None:
+def columns(cost: Cost, knobs: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The row's cost columns for a run of a config with `knobs` and these metrics."""
+    price = cost.of(knobs)
+    if price is None:
         return {}
-    out = {"usd_per_hour": cost.usd_per_hour,
-           "usd_per_m_output_tok": per_million(cost.usd_per_hour, metrics.get("output_tok_s")),
-           "usd_per_m_total_tok": per_million(cost.usd_per_hour, metrics.get("total_tok_s"))}
+    per_m = per_million(price, metrics.get("output_tok_s"))
+    out = {"usd_per_hour": price, "usd_per_m_output_tok": per_m,
+           "usd_per_m_total_tok": per_million(price, metrics.get("total_tok_s")),
+           "output_tok_per_usd": 1e6 / per_m if per_m else None}
     return {k: v for k, v in out.items() if v is not None}

@@ -22,7 +22,7 @@ Row = Mapping[str, Any]
 Evaluate = Callable[[dict[str, Any], int], Row]
 
 OBJECTIVES = ("output_tok_s", "total_tok_s", "request_throughput_req_s",
-              "request_goodput_req_s")
+              "request_goodput_req_s", "output_tok_per_usd")  # the last needs params cost:
 # What a search's load levels are: concurrent users, or a trace's replay speeds
 LEVELS = ("users", "speed")
 _BOUND = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([0-9][0-9_.eE+-]*)\s*$")

@@ -107,7 +107,7 @@ def record_of(run: PlannedRun, server: Server, ctx: PointContext, out: Outcome) 
         "model": run.engine.model, "load_format": ctx.model.load_format if ctx.model else None,
         **run.point.as_row(), "seed": out.seed,
         **(out.metrics or {}), **(out.row_extra or {}), **server.row(),
-        **cost.columns(ctx.params.section(cost.SECTION), out.metrics or {}),
+        **cost.columns(ctx.params.section(cost.SECTION), run.engine.knobs, out.metrics or {}),
         "error": out.error, "error_line": out.error_line, "error_hint": out.error_hint,
         **hardware.machine(),
         **run.engine.knobs,

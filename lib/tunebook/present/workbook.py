@@ -161,8 +161,28 @@ class Workbook:
         cols = ["engine_label", *load, "output_tok_s",
                 *([] if replay else ["output_tok_s_per_user"]), "median_ttft_ms",
                 "median_tpot_ms", "p99_itl_ms", "completed", "failed_requests",
-                *(["request_goodput_req_s", "slo_attainment"] if replay else [])]
+                *(["request_goodput_req_s", "slo_attainment"] if replay else []),
+                # what the tokens cost (params cost:, the user's price) and the GPUs' energy
+                # over the measured window, where the run has them
+                *[c for c in ("usd_per_m_output_tok", "energy_per_output_tok_j", "mean_power_w")
+                  if c in ok and ok[c].notna().any()]]
         return ok[[c for c in cols if c in ok]].reset_index(drop=True)
+
+    def cost(self) -> None:
+        """What each config's tokens cost against its p99 TPOT (the Pareto view), or a line
+        saying why not: no price (params cost:) and no GPU energy counter."""
+        from IPython.display import Markdown, display
+
+        from tunebook.charts import cost
+
+        chart = cost.pareto(self.table())
+        if chart is None:
+            notes = self.table().get("energy_note", pd.Series(dtype=str)).dropna()
+            why = f" ({notes.iloc[0]})" if len(notes) else ""
+            display(Markdown("No cost to draw: no price was given (params `cost: "
+                             "{usd_per_hour: ...}`) and no run has an energy number" + why))
+            return
+        display(chart)
 
     # -- a workload file (dataset: file) ------------------------------------------------------
     def workload(self) -> None:

@@ -323,7 +323,8 @@ def summary(params: SweepParams, result: adaptive.SearchResult, evaluator: Sweep
     if best is not None and best.best is not None:
         out["best"] = {"knobs": best.knobs, "users": best.best.users,
                        result.spec.objective: best.score,
-                       "serve": adaptive.serve_command(params.model, params.engine, best.knobs)}
+                       "serve": adaptive.serve_command(params.model, params.engine, best.knobs),
+                       **_what_it_costs(best.best.row)}
         base = result.baseline
         if base is not None:
             out["baseline"] = {"knobs": base.knobs, "pruned": base.pruned,
@@ -338,6 +339,32 @@ def summary(params: SweepParams, result: adaptive.SearchResult, evaluator: Sweep
                               **{b.metric: _num(close.row.get(b.metric))
                                  for b in result.bounds}}
     return out
+
+
+COST_KEYS = ("usd_per_hour", "usd_per_m_output_tok", "output_tok_per_usd",
+             "energy_per_output_tok_j", "mean_power_w", "energy_note")
+
+
+def _what_it_costs(row: Any) -> dict[str, Any]:
+    """The answer's price and energy at its load level (the row's cost and energy columns)."""
+    keep = {k: row.get(k) for k in COST_KEYS if hasattr(row, "get")}
+    return {k: v for k, v in keep.items() if v is not None and not (isinstance(v, float)
+                                                                    and math.isnan(v))}
+
+
+def cost_text(b: dict[str, Any]) -> list[str]:
+    """What the answer costs, in words: your price, the device's energy (or why not)."""
+    lines = []
+    if "usd_per_m_output_tok" in b:
+        lines.append(f"  costs {b['usd_per_m_output_tok']:,.3f} USD per million output tokens "
+                     f"at your price of {b['usd_per_hour']:,.2f} USD/h "
+                     f"({b['output_tok_per_usd']:,.0f} output tokens per USD)")
+    if "energy_per_output_tok_j" in b:
+        lines.append(f"  uses {b['energy_per_output_tok_j']:.3f} J per output token "
+                     f"(the GPUs at {b.get('mean_power_w', float('nan')):,.0f} W on average)")
+    elif "energy_note" in b:
+        lines.append(f"  energy: {b['energy_note']}")
+    return lines
 
 
 def _num(v: Any) -> float | None:
@@ -437,7 +464,7 @@ def report_text(out: dict) -> str:
         lines += [f"best: {b['knobs']} at {level_text(out, b['users'])}"
                   + (f", {b['vs_baseline']:.2f}× the baseline {out['baseline']['knobs']}"
                      if "vs_baseline" in b else ""),
-                  f"  {b['serve']}"]
+                  f"  {b['serve']}", *cost_text(b)]
         c = out.get("confirm")
         r = runner_up(out)
         if r is not None and not c:
