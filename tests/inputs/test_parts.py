@@ -3,6 +3,7 @@ shared engine configs start once, rows carry their part, figures read their part
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -118,7 +119,7 @@ def test_a_probe_part_does_not_inherit_counts_meant_for_the_others() -> None:
         P.parse(data, source="ch.yaml")
 
 
-def test_a_load_point_two_parts_share_stands_for_both_parts_figures() -> None:
+def test_a_load_point_two_parts_share_stands_for_both_parts_figures(tmp_path: Path) -> None:
     """Same engine config, same load in two parts: one run, whose row names the first part;
     the second part's figures still read it (from the plan, not the row's column)."""
     data = {**CHAPTER, "parts": [
@@ -133,3 +134,12 @@ def test_a_load_point_two_parts_share_stands_for_both_parts_figures() -> None:
     ev = Evidence(Path("/nonexistent/ch"), pd.DataFrame(rows), [], p.to_dict())
     assert list(ev.for_figure("3.2").df["max_concurrency"]) == [1]
     assert len(ev.for_figure("3.1").df) == 2
+    # the stored plan says it, each part that asked a run: read back, not planned again
+    plan = make_plan(p).to_dict()
+    assert sorted(map(tuple, (r["parts"] for r in plan["runs"]))) == [("cap",), ("cap", "other")]
+    root = tmp_path / "ch"
+    root.mkdir()
+    (root / "plan.json").write_text(json.dumps(plan, default=str))
+    stored = Evidence(root, pd.DataFrame(rows), [], {"parts": "no longer parses"})
+    assert stored.planned_runs({"other"}) == {r.run_id for r in runs
+                                              if r.point.max_concurrency == 1}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tunebook.core import knobs, schema
@@ -46,6 +46,7 @@ class PlannedRun:
     repeat: int
     run_id: str = ""
     part: str = ""  # the params part that planned it (not in the id: ids stay stable)
+    parts: tuple[str, ...] = ()  # every part that planned it (a shared load point: several)
 
     def __post_init__(self) -> None:
         if not self.run_id:
@@ -115,7 +116,8 @@ class Plan:
             "experiment": self.experiment,
             "engines": [e.__dict__ for e in self.engines],
             "runs": [{"run_id": r.run_id, "engine_config_id": r.engine.id, "repeat": r.repeat,
-                      "part": r.part, **r.point.__dict__} for r in self.runs],
+                      "part": r.part, "parts": list(r.parts), **r.point.__dict__}
+                     for r in self.runs],
         }
 
     def describe(self, done: Resume | Iterable[str] = frozenset()) -> str:
@@ -210,8 +212,10 @@ def make_plan(p: SweepParams) -> Plan:
         for e in configs:
             for pt in points:
                 for rep in range(p.repeats):
-                    run = PlannedRun(e, pt, rep, part=part.name)
-                    runs.setdefault(run.run_id, run)
+                    run = PlannedRun(e, pt, rep, part=part.name, parts=(part.name,))
+                    first = runs.setdefault(run.run_id, run)
+                    if part.name not in first.parts:  # one run, and each part that asked it
+                        runs[run.run_id] = replace(first, parts=(*first.parts, part.name))
     return Plan(p.experiment, by_compile_key(engines.values()), list(runs.values()))
 
 

@@ -120,7 +120,12 @@ class Evidence:
     def planned_runs(self, names: set[str]) -> set[str]:
         """Run ids the named parts plan. A load point two parts share (same engine config,
         same load) is run once and its row names the first part, so the row column alone would
-        hide it from the second part's figures. Empty when the stored params no longer parse."""
+        hide it from the second part's figures. Read from the stored plan (plan.json names
+        every part of each run); an experiment stored before it did is planned again from its
+        params (empty when they no longer parse)."""
+        stored = self._stored_plan_parts()
+        if stored is not None:
+            return {rid for rid, parts in stored.items() if names & set(parts)}
         from dataclasses import replace
 
         from tunebook.inputs.params import ParamsError, parse
@@ -132,6 +137,16 @@ class Evidence:
             return set()
         return {r.run_id for part in p.parts if part.name in names
                 for r in make_plan(replace(p, parts=(part,))).runs}
+
+    def _stored_plan_parts(self) -> dict[str, list[str]] | None:
+        """run_id -> every part that planned it, from plan.json; None where it does not say."""
+        try:
+            runs = json.loads((self.root / "plan.json").read_text())["runs"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if not runs or not all(isinstance(r, dict) and "parts" in r for r in runs):
+            return None
+        return {r["run_id"]: list(r["parts"]) for r in runs}
 
     def for_figure(self, fig: str) -> Evidence:
         """This evidence narrowed to the rows of the parts that stand for ``fig``."""
