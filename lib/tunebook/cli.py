@@ -348,6 +348,41 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return EXIT_OK if all(c["ok"] for c in checks.values()) else EXIT_FAILED_RUNS
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    """What changed between two sets of runs beyond noise; exit 0 nothing worse (beyond
+    --worse-than percent), 1 something worse, 2 bad input or nothing comparable."""
+    import json
+
+    from tunebook.present import diff
+
+    sides = [diff.Side(root, getattr(args, f"{s}_version"), getattr(args, f"{s}_config"),
+                       getattr(args, f"{s}_since"), getattr(args, f"{s}_until"))
+             for s, root in (("old", args.old), ("new", args.new or args.old))]
+    try:
+        table, figs = diff.run(*sides, metrics=args.metric)
+    except diff.DiffError as e:
+        print(f"tunebook: {e}", file=sys.stderr)
+        return diff.EXIT_BAD
+    except KeyError as e:
+        print(f"tunebook: no metric {e}; known: {', '.join(diff.METRICS)}", file=sys.stderr)
+        return diff.EXIT_BAD
+    print(diff.text(table, figs, sides[0].name, sides[1].name))
+    code = diff.exit_code(table, args.worse_than)
+    if args.html:
+        args.html.write_text(diff.to_html(table, figs, sides[0].name, sides[1].name))
+        print(f"page: {args.html}")
+    if args.json:
+        worse = diff.worst(table, args.worse_than)
+        args.json.write_text(json.dumps({
+            "old": sides[0].name, "new": sides[1].name, "exit_code": code,
+            "counts": table["verdict"].value_counts().to_dict(),
+            "worse": worse[["load", "metric", "ratio", "ratio_low", "ratio_high"]]
+            .to_dict("records"),
+            "figures_changed": figs[figs["changed"]].to_dict("records")}, indent=1,
+            default=str))
+    return code
+
+
 def _export_pdf(target: Path, out: Path | None) -> int:
     """An experiment's report.html (or any page tunebook wrote, e.g. outputs/overview.html)
     printed by headless Chromium to PDF beside it: report.pdf, overview.pdf."""
@@ -563,6 +598,31 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start vLLM here from the config file and check each knob took "
                          "effect (its start-up log, /metrics)")
     sp.set_defaults(fn=cmd_deploy)
+    sp = sub.add_parser("diff", help="what changed between two sets of runs (two "
+                                     "experiments, two vLLM versions or two dates) beyond noise: "
+                                     "exit 0 nothing worse, 1 worse, 2 nothing comparable")
+    sp.add_argument("old", type=Path, help="an experiment folder")
+    sp.add_argument("new", type=Path, nargs="?", default=None,
+                    help="an experiment folder (default: OLD, narrowed by the --new-* options)")
+    for s in ("old", "new"):
+        sp.add_argument(f"--{s}-version", default=None, help=f"only the {s} side's runs "
+                                                              "served by this vLLM version")
+        sp.add_argument(f"--{s}-config", default=None, help="only this engine config "
+                                                             "(label or engine_config_id)")
+        sp.add_argument(f"--{s}-since", default=None, help="runs started at or after this "
+                                                            "UTC ISO time")
+        sp.add_argument(f"--{s}-until", default=None, help="runs started before this UTC "
+                                                            "ISO time")
+    sp.add_argument("--metric", action="append", default=None,
+                    help="a metric to compare (repeatable; default: throughput, TTFT, TPOT, "
+                         "ITL, goodput, energy and cost where present)")
+    sp.add_argument("--worse-than", type=float, default=0.0, metavar="PCT",
+                    help="exit 1 only for a change worse beyond noise by more than PCT "
+                         "percent (default 0: any)")
+    sp.add_argument("--html", type=Path, default=None, help="also write the page here")
+    sp.add_argument("--json", type=Path, default=None,
+                    help="also write a small JSON summary (exit code, counts, what got worse)")
+    sp.set_defaults(fn=cmd_diff)
     sp = sub.add_parser("pack", help="an experiment as one .tar.gz with a manifest (each "
                                      "file's size and SHA-256), to carry to another machine")
     sp.add_argument("experiment_dir", type=Path, help="e.g. outputs/h200/ch04")
