@@ -178,22 +178,35 @@ def _context(df: pd.DataFrame, repeats: str | None) -> list[str]:
 # --- measured series ----------------------------------------------------------------------
 def _aggregate(ok: pd.DataFrame, x: str, series: Mapping[str, str]) -> pd.DataFrame:
     """Long frame: one row per (engine_label, series, x) with mean, min, max, runs and the
-    mean's 95% interval (ci_low, ci_high; NaN for a single run) over repeats."""
+    mean's 95% interval (ci_low, ci_high; NaN for a single run) over repeats; `samples`, the
+    fewest samples a repeat's value rests on (a percentile's requests or gaps), and
+    `too_few`, whether that is under what the percentile needs (stats.MIN_SAMPLES)."""
     extra = [c for c in (*_CONTEXT, *_knobs(ok)) if c in ok.columns and c != x]
+    n_cols = {m: f"__samples_{m}" for m in series}
+    ok = ok.assign(**{c: [stats.samples_of(m, r) for _, r in ok.iterrows()]
+                      for m, c in n_cols.items()})
     long = ok.melt(id_vars=["engine_label", x, *extra], value_vars=list(series),
                    var_name="metric", value_name="value")
+    long["samples"] = ok.melt(id_vars=["engine_label"], value_vars=list(n_cols.values()),
+                              value_name="samples")["samples"].to_numpy()
     long["value"] = pd.to_numeric(long["value"], errors="coerce")
+    long["samples"] = pd.to_numeric(long["samples"], errors="coerce")
     long = long.dropna(subset=["value", x])
     long["series"] = long["metric"].map(series)
     keys = ["engine_label", "series", x]
-    cols = [*keys, "mean", "min", "max", "runs", "ci_low", "ci_high", *extra]
+    cols = [*keys, "mean", "min", "max", "runs", "ci_low", "ci_high", *extra, "samples",
+            "too_few"]
     if long.empty:
         return pd.DataFrame(columns=cols)
     grouped = long.groupby(keys, sort=True)
     out = grouped["value"].agg(mean="mean", min="min", max="max", runs="count")
     ci = stats.describe(long, keys, "value").set_index(keys)[["ci_low", "ci_high"]]
-    out = out.join(ci)
-    return (out.join(grouped[extra].first()) if extra else out).reset_index()[cols]
+    out = out.join(ci).join(grouped["samples"].min())
+    out = (out.join(grouped[extra].first()) if extra else out).reset_index()
+    metric_of = {v: k for k, v in series.items()}
+    out["too_few"] = [stats.too_few(metric_of[sr], None if pd.isna(n) else n)
+                      for sr, n in zip(out["series"], out["samples"], strict=True)]
+    return out[cols]
 
 
 def _not_plotted(df: pd.DataFrame, x: str, columns: Iterable[str]) -> pd.DataFrame:
@@ -313,11 +326,18 @@ def _measured(df: pd.DataFrame, x: str, series: Mapping[str, str], y_title: str,
             if dash_title else alt.Undefined)  # only on the line, so the legend shows dashes
     layers = [base.mark_line().encode(strokeDash=dash),
               base.mark_point(filled=True, size=36, opacity=1)]
+    thin = agg[agg["too_few"].astype(bool)] if len(agg) else agg
+    if len(thin):  # a percentile from too few requests: hollow, and said under the title
+        layers.append(alt.Chart(thin).mark_point(filled=True, size=36, opacity=1,
+                                                 fill="white").encode(
+            y=alt.Y("mean:Q", title=y_title), **enc))
     if repeats:
         bars = agg[(agg["runs"] >= 2) & agg["ci_low"].notna() & agg["ci_high"].notna()]
         layers.append(alt.Chart(bars).mark_errorbar(ticks=True).encode(
             y=alt.Y("ci_low:Q", title=y_title), y2="ci_high:Q", **enc))
     subtitle = _context(ok, repeats)
+    if len(thin):
+        subtitle.append(_thin_note(thin))
     if saturation is not None:
         marks, notes = _saturation_marks(ok, agg, x, next(iter(series.values())), saturation)
         subtitle += notes
@@ -346,6 +366,15 @@ def _measured(df: pd.DataFrame, x: str, series: Mapping[str, str], y_title: str,
             color=FAILURE_COLOUR).encode(text="note:N"))
     return alt.layer(*layers).properties(
         width=WIDTH, height=HEIGHT, title=titled(title, subtitle))
+
+
+def _thin_note(thin: pd.DataFrame) -> str:
+    """Under the title: which percentiles rest on too few samples, and how few."""
+    worst = thin.sort_values("samples").iloc[0]
+    names = ", ".join(sorted(set(thin["series"].astype(str))))
+    p = stats.percentile_of(str(worst["series"])) or "p99"
+    return (f"hollow: {names} from fewer samples than a {p.upper()} needs "
+            f"({stats.MIN_SAMPLES[p]}); the fewest: {fmt(worst['samples'])}")
 
 
 def _saturation(option: bool | Saturation | None) -> Saturation | None:

@@ -25,6 +25,23 @@ from tunebook.results.store import not_ok_rows, ok_rows
 
 __all__ = ["Workbook", "open", "startup_facts"]
 
+def percentile_notes(table: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """`table` with a `percentiles` column where a percentile it shows rests on too few samples
+    (tunebook.results.stats.MIN_SAMPLES): which, and on how many."""
+    from tunebook.results import stats
+
+    shown = [c for c in table.columns if stats.percentile_of(c)]
+    notes = []
+    for i in range(len(table)):
+        row = rows.iloc[i].to_dict()
+        thin = [(c, stats.samples_of(c, row)) for c in shown
+                if stats.too_few(c, stats.samples_of(c, row))]
+        notes.append("; ".join(f"{c.split('_', 1)[0].upper()} {c.split('_')[1].upper()} from "
+                               f"{n:.0f} samples (needs {stats.MIN_SAMPLES[c.split('_', 1)[0]]})"
+                               for c, n in thin))
+    return table.assign(percentiles=notes) if any(notes) else table
+
+
 @dataclass
 class Workbook:
     params: P.SweepParams
@@ -166,7 +183,8 @@ class Workbook:
                 # over the measured window, where the run has them
                 *[c for c in ("usd_per_m_output_tok", "energy_per_output_tok_j", "mean_power_w")
                   if c in ok and ok[c].notna().any()]]
-        return ok[[c for c in cols if c in ok]].reset_index(drop=True)
+        table = ok[[c for c in cols if c in ok]].reset_index(drop=True)
+        return percentile_notes(table, ok.reset_index(drop=True))
 
     def cost(self) -> None:
         """What each config's tokens cost against its p99 TPOT (the Pareto view), or a line

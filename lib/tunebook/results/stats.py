@@ -267,6 +267,38 @@ def ratio(a: Interval, b: Interval, method: str = "bounds") -> Interval:
     return Interval(r, r - half, r + half, n, confidence=a.confidence)
 
 
+# --- how many samples a percentile rests on ------------------------------------------------
+# A pXX from n samples is an order statistic: with fewer than MIN_SAMPLES[pXX] of them (fewer
+# than 1 sample above it on average: n × (1 − q) < 1) it is the largest sample or next to it,
+# and says more about one outlier than about a tail (vllm-project/guidellm#243).
+MIN_SAMPLES = {"p90": 10, "p95": 20, "p99": 100, "p999": 1000}
+
+
+def percentile_of(column: str) -> str | None:
+    """'p99' for p99_ttft_ms, None for a column that is no percentile."""
+    head = column.split("_", 1)[0]
+    return head if head in MIN_SAMPLES else None
+
+
+def samples_of(column: str, row: Mapping[str, Any]) -> float | None:
+    """How many samples a run's percentile column rests on: the requests that completed (TTFT,
+    TPOT, E2EL are one per request), or the inter-token gaps for ITL (output tokens less one
+    per request)."""
+    done = row.get("completed")
+    if not _finite(done):
+        return None
+    if "_itl_" in column:
+        out = row.get("total_output_tokens")
+        return float(out) - float(done) if _finite(out) else None
+    return float(done)
+
+
+def too_few(column: str, n: float | None) -> bool:
+    """True when a percentile column rests on fewer samples than it needs (MIN_SAMPLES)."""
+    p = percentile_of(column)
+    return p is not None and n is not None and n < MIN_SAMPLES[p]
+
+
 # --- peak and knee of a load sweep --------------------------------------------------------
 
 KNEE_FOUND = "found"
