@@ -25,6 +25,7 @@ from tunebook.servers import sglang as peer
 # papermill) themselves, so `tunebook --help` and a bad-params error answer at once.
 EXIT_OK, EXIT_FAILED_RUNS, EXIT_BAD_PARAMS, EXIT_LOCKED = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143  # 128 + SIGINT / SIGTERM, as shells report them
+EXIT_WORSE_THAN_LAST = 4  # --again: worse beyond noise than the last measurement
 
 
 def _overrides(pairs: list[list[str]] | None) -> dict[str, Any]:
@@ -123,6 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_BAD_PARAMS
     _wait(args)
+    again = None if args.replot else _again_begin(args, sweep.store.root)
 
     crashed = None
     try:
@@ -151,7 +153,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         _index(outputs)
     if crashed is not None and crashed.ename == "SweepLockedError":
         return EXIT_LOCKED
-    return EXIT_FAILED_RUNS if failed or crashed else EXIT_OK
+    changed = EXIT_OK if again is None else _again_end(
+        args, sweep.store.root, again, {r.run_id for r in sweep.plan.runs})
+    return EXIT_FAILED_RUNS if failed or crashed else changed
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -193,6 +197,17 @@ def _at_least(lo: float, typ: type[int] | type[float]) -> Callable[[str], int | 
     return parse
 
 
+def _add_again(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--again", action="store_true",
+                    help="a new dated measurement of the whole plan, kept beside the earlier "
+                         "ones (an unfinished one is resumed); then what changed since the "
+                         f"last one, said first (exit {EXIT_WORSE_THAN_LAST}: worse beyond "
+                         "noise)")
+    sp.add_argument("--worse-than", type=float, default=0.0, metavar="PCT",
+                    help=f"with --again: exit {EXIT_WORSE_THAN_LAST} only for a change worse "
+                         "beyond noise by more than PCT percent")
+
+
 def _add_wait(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--wait", type=_at_least(0, float), default=0, metavar="SECONDS",
                     help="wait this long for another sweep holding the machine (default: refuse)")
@@ -208,6 +223,59 @@ def _add_ray(sp: argparse.ArgumentParser) -> None:
                          "between them; default 1)")
 
 
+def _again_begin(args: argparse.Namespace, root: Path) -> Any:
+    """--again: a new dated measurement of the plan (or the unfinished last one, resumed);
+    its start reaches a papermill kernel's sweep through the environment."""
+    from tunebook.results import measurements
+
+    if not getattr(args, "again", False):
+        return None
+    m, new = measurements.begin(root)
+    os.environ[measurements.SINCE_ENV] = m.started
+    print(f"{root.name}: {'a new measurement' if new else 'the unfinished measurement'} "
+          f"from {m.started}", file=sys.stderr)
+    return m
+
+
+def _again_end(args: argparse.Namespace, root: Path, m: Any, run_ids: set[str]) -> int:
+    """--again, after the sweep: the measurement finished once every planned run is ok in it;
+    then what changed since the previous one, said first (a terminal table, changes__*.json
+    beside the runs). EXIT_WORSE_THAN_LAST when something got worse beyond noise by more than
+    --worse-than percent, else EXIT_OK."""
+    import json
+
+    from tunebook.present import diff
+    from tunebook.results import measurements
+    from tunebook.results.store import Store, stamp, write_new
+
+    os.environ.pop(measurements.SINCE_ENV, None)
+    ok = {str(r["run_id"]) for r in Store(root).rows()
+          if r.get("status") == "ok" and str(r.get("started_at") or "") >= m.started}
+    if not run_ids <= ok:
+        print(f"{root.name}: this measurement is not finished ({len(run_ids - ok)} run(s) "
+              "not ok): the next --again resumes it", file=sys.stderr)
+        return EXIT_OK
+    measurements.finish(root, m.started)
+    prev = measurements.previous(root, m.started)
+    if prev is None:
+        print(f"{root.name}: the first measurement: nothing to compare with yet")
+        return EXIT_OK
+    old = diff.Side(root, since=prev.started, until=m.started)
+    new = diff.Side(root, since=m.started)
+    table, figs = diff.run(old, new)
+    code = diff.exit_code(table, args.worse_than)
+    print(f"since the last measurement ({prev.started}):\n"
+          + diff.text(table, figs, old.name, new.name))
+    write_new(root / f"changes__{stamp()}.json", json.dumps({
+        "previous": prev.started, "this": m.started, "diff_exit_code": code,
+        "counts": table["verdict"].value_counts().to_dict(),
+        "worse": diff.worst(table, args.worse_than)[["load", "metric", "ratio"]]
+        .to_dict("records"),
+        "figures_changed": figs[figs["changed"]].to_dict("records")}, indent=1,
+        default=str).encode())
+    return EXIT_WORSE_THAN_LAST if code == diff.EXIT_WORSE else EXIT_OK
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """The sweep alone, no notebook (what the notebook calls)."""
     from tunebook.measure.sweep import Sweep, SweepOptions
@@ -220,9 +288,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(sweep.describe())
         return EXIT_OK
+    again = _again_begin(args, sweep.store.root)
+    if again is not None:
+        sweep.options.since = again.started
     result = sweep.run()
     print(f"{result.ok} ok, {result.failed} not ok, {result.skipped} already done; "
           f"table: {sweep.store.root / 'results.parquet'}")
+    if again is not None:
+        changed = _again_end(args, sweep.store.root, again,
+                             {r.run_id for r in sweep.plan.runs})
+        return result.exit_code or changed
     return result.exit_code
 
 
@@ -526,6 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_wait(sp)
     _add_ray(sp)
     _add_no_input(sp)
+    _add_again(sp)
     sp.set_defaults(fn=cmd_run)
     sp = sub.add_parser("plan", help="print what would run (a dry run)")
     _add_common(sp)
@@ -536,6 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-q", "--quiet", action="store_true")
     _add_wait(sp)
     _add_ray(sp)
+    _add_again(sp)
     sp.set_defaults(fn=cmd_sweep)
     sp = sub.add_parser("tune", help="the config that serves the most within an SLO: an "
                                      "adaptive search (exit 0 found, 1 none meets the SLO)")

@@ -53,7 +53,7 @@ from tunebook.measure.supply import (
     TogetherSupply,
 )
 from tunebook.models.presets import resolve_model
-from tunebook.results import machines
+from tunebook.results import machines, measurements
 from tunebook.results.compact import REQUESTS_SUFFIX
 from tunebook.results.store import Store, replace_atomic, stamp, write_new
 from tunebook.servers import kinds as server_kinds
@@ -77,6 +77,10 @@ class SweepOptions:
     only_runs: set[str] | None = None
     machine_lock: bool = True
     executor: Executor | None = None  # None: here, or Ray when --ray / params say so
+    # a dated measurement (tunebook.results.measurements): only attempts that began at or
+    # after this UTC time count as done, so the plan is measured again; None: every attempt
+    # (resume). Unset, a papermill kernel's sweep takes it from TUNEBOOK_MEASURE_SINCE.
+    since: str | None = None
 
 
 @dataclass
@@ -118,8 +122,11 @@ class Sweep:
         file once, unless given its `rows`). With retry_failed=False any attempt counts, not
         only an ok one."""
         statuses = (schema.STATUS_OK,) if self.options.retry_failed else None
-        return Resume.from_rows(self.store.rows() if rows is None else rows,
-                                hardware.vllm_version(), statuses)
+        rows = self.store.rows() if rows is None else rows
+        since = self.options.since or measurements.since_from_env()
+        if since:  # a new dated measurement: what earlier ones measured is kept, not reused
+            rows = [r for r in rows if str(r.get("started_at") or "") >= since]
+        return Resume.from_rows(rows, hardware.vllm_version(), statuses)
 
     def done(self) -> set[str]:
         """Run ids resume skips: done with the installed vLLM version."""

@@ -32,7 +32,7 @@ from tunebook import figures
 from tunebook.core import schema
 from tunebook.results import stats
 from tunebook.results.evidence import Evidence, load_evidence
-from tunebook.results.store import ok_rows
+from tunebook.results.store import ok_rows, rows_to_frame
 
 # metric -> +1 when higher is better, -1 when lower is
 METRICS: dict[str, int] = {
@@ -72,25 +72,25 @@ class Side:
         return ", ".join(bits)
 
     def evidence(self) -> Evidence:
+        """The side's runs: every stored attempt (a date window may hold an older attempt of a
+        run measured again since), narrowed, then one attempt per run as tables take it (an
+        ok one over later failures, else the latest)."""
         ev = load_evidence(self.root)
-        df = ev.df
-        if df.empty:
+        if not ev.records:
             raise DiffError(f"{self.root}: no stored run")
-        keep = pd.Series(True, index=df.index)
-        if self.version:
-            versions = df.apply(lambda r: schema.vllm_version_of(r.to_dict()), axis=1)
-            keep &= versions == self.version
-        if self.config:
-            keep &= (df["engine_label"] == self.config) | (df["engine_config_id"] == self.config)
-        if self.since:
-            keep &= df["started_at"].astype(str) >= self.since
-        if self.until:
-            keep &= df["started_at"].astype(str) < self.until
-        if not keep.any():
+
+        def keep(row: Mapping[str, Any]) -> bool:
+            started = str(row.get("started_at") or "")
+            return ((not self.version or schema.vllm_version_of(dict(row)) == self.version)
+                    and (not self.config or self.config in (row.get("engine_label"),
+                                                            row.get("engine_config_id")))
+                    and (not self.since or started >= self.since)
+                    and (not self.until or started < self.until))
+
+        records = [r for r in ev.records if keep(r.get("row") or {})]
+        if not records:
             raise DiffError(f"{self.name}: no run matches")
-        ids = set(df.loc[keep, "run_id"])
-        return Evidence(ev.root, df[keep], [r for r in ev.records
-                                            if r.get("row", {}).get("run_id") in ids],
+        return Evidence(ev.root, rows_to_frame([r["row"] for r in records]), records,
                         ev.params, ev.machine)
 
 
