@@ -273,6 +273,12 @@ def _again_end(args: argparse.Namespace, root: Path, m: Any, run_ids: set[str]) 
         .to_dict("records"),
         "figures_changed": figs[figs["changed"]].to_dict("records")}, indent=1,
         default=str).encode())
+    from tunebook.present import history
+
+    text, found = history.page(root)
+    (root / "history.html").write_text(text)
+    print(f"history: {root / 'history.html'} ({len(found)} step(s) beyond noise over "
+          f"{len(measurements.read(root))} measurements)")
     return EXIT_WORSE_THAN_LAST if code == diff.EXIT_WORSE else EXIT_OK
 
 
@@ -456,6 +462,20 @@ def cmd_diff(args: argparse.Namespace) -> int:
             "figures_changed": figs[figs["changed"]].to_dict("records")}, indent=1,
             default=str))
     return code
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """An experiment's dated measurements as one page: each metric over time, steps marked."""
+    from tunebook.present import history
+
+    text, found = history.page(args.experiment_dir)
+    out = args.out or args.experiment_dir / "history.html"
+    out.write_text(text)
+    for s in found:
+        print(f"step: {s.metric} at {s.load}, into {s.at}: {s.ratio:.3f}× ({s.verdict}); "
+              f"what changed: {s.what_changed}")
+    print(f"{len(found)} step(s) beyond noise; page: {out}")
+    return EXIT_OK
 
 
 def _export_pdf(target: Path, out: Path | None) -> int:
@@ -700,6 +720,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", type=Path, default=None,
                     help="also write a small JSON summary (exit code, counts, what got worse)")
     sp.set_defaults(fn=cmd_diff)
+    sp = sub.add_parser("history", help="an experiment's dated measurements (--again): each "
+                                        "metric over time, steps beyond noise marked with "
+                                        "what changed")
+    sp.add_argument("experiment_dir", type=Path)
+    sp.add_argument("--out", type=Path, default=None, help="default: EXPERIMENT_DIR/history.html")
+    sp.set_defaults(fn=cmd_history)
     sp = sub.add_parser("pack", help="an experiment as one .tar.gz with a manifest (each "
                                      "file's size and SHA-256), to carry to another machine")
     sp.add_argument("experiment_dir", type=Path, help="e.g. outputs/h200/ch04")

@@ -1,0 +1,189 @@
+"""`tunebook history EXPERIMENT`: each metric at each load point over the experiment's dated
+measurements (`--again`, tunebook.results.measurements), asv-style: one chart per metric, a
+line per load point, each measurement's mean with its interval from the repeats, and the steps
+marked — a change beyond noise from one measurement to the next (the rule of tunebook diff:
+new ÷ old with its Welch interval excluding 1, family-wise over every step of the page), with
+what else changed at that step (vLLM version, tunebook commit, machine, engine knobs).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import altair as alt
+import pandas as pd
+
+from tunebook.charts.plots import HEIGHT, WIDTH, axis_title, offline_html, titled
+from tunebook.present import diff
+from tunebook.results import measurements, stats
+from tunebook.results.store import Store, ok_rows, rows_to_frame
+
+METRICS = ("output_tok_s", "median_tpot_ms", "p99_ttft_ms", "request_goodput_req_s")
+
+
+@dataclass(frozen=True)
+class Step:
+    metric: str
+    load: str
+    at: str  # the measurement it steps into (its start)
+    ratio: float
+    low: float
+    high: float
+    verdict: str  # better / worse beyond noise
+    what_changed: str
+
+
+def series(root: Path, metrics: tuple[str, ...] = METRICS) -> pd.DataFrame:
+    """One row per (measurement, load point, metric): the mean of its repeats and their
+    values (every stored attempt inside the measurement's window; one per run)."""
+    ms = measurements.read(root)
+    records = list(Store(root).records(requests=False))
+    rows = []
+    for m in ms:
+        start, end = measurements.window(root, m.started)
+        inside = [r["row"] for r in records
+                  if start <= str(r["row"].get("started_at") or "") < (end or "\uffff")]
+        if not inside:
+            continue
+        df = ok_rows(rows_to_frame(inside))
+        for _, r in df.iterrows():
+            for metric in metrics:
+                v = r.get(metric)
+                if v is not None and not pd.isna(v):
+                    rows.append({"measurement": m.started, "load": diff._load_text(
+                        diff._key(r.to_dict())), "metric": metric, "value": float(v),
+                        "engine_label": r.get("engine_label")})
+    return pd.DataFrame(rows, columns=["measurement", "load", "metric", "value",
+                                       "engine_label"])
+
+
+def _changed(a: measurements.Measurement, b: measurements.Measurement,
+             labels: tuple[set[str], set[str]]) -> str:
+    said = [f"{name} {x} → {y}" for name, x, y in (
+        ("vLLM", a.vllm, b.vllm), ("tunebook", a.tunebook_commit, b.tunebook_commit),
+        ("machine", a.machine, b.machine)) if x != y]
+    if labels[0] != labels[1]:
+        said.append(f"engine configs {', '.join(sorted(labels[0]))} → "
+                    f"{', '.join(sorted(labels[1]))}")
+    return "; ".join(said) or "nothing tunebook records (the box, the driver, the load?)"
+
+
+def _split(groups: list[list[float]], confidence: float, direction: int
+           ) -> tuple[int, stats.Interval] | None:
+    """The most significant split of a series into before / after (pooled repeats), and the
+    after ÷ before interval there, when it excludes 1 (None: no step)."""
+    best = None
+    for k in range(1, len(groups)):
+        before = [v for g in groups[:k] for v in g]
+        after = [v for g in groups[k:] for v in g]
+        if min(len(before), len(after)) < diff.MIN_REPEATS:
+            continue
+        r = stats.ratio(stats.Interval.of(after, confidence),
+                        stats.Interval.of(before, confidence), method="delta", dof="hsu")
+        if not r.known or r.low <= 1 <= r.high:
+            continue
+        score = abs(math.log(r.mean)) / max(r.high - r.low, 1e-12)
+        if best is None or score > best[0]:
+            best = (score, k, r)
+    return None if best is None else (best[1], best[2])
+
+
+def _segment(groups: list[list[float]], confidence: float, direction: int,
+             offset: int = 0) -> list[tuple[int, stats.Interval]]:
+    """Binary segmentation: the step of the whole series, then of each side of it."""
+    if len(groups) < 2:
+        return []
+    found = _split(groups, confidence, direction)
+    if found is None:
+        return []
+    k, r = found
+    return [*_segment(groups[:k], confidence, direction, offset), (offset + k, r),
+            *_segment(groups[k:], confidence, direction, offset + k)]
+
+
+def steps(root: Path, data: pd.DataFrame | None = None) -> list[Step]:
+    """Steps beyond noise in each (load point, metric) series over the measurements: the
+    repeats before and after a candidate point pooled (asv's habit of judging a step by the
+    whole series, not by two neighbours), the most significant split taken, then each side
+    searched again. Family-wise: every split tried on the page shares 5 %."""
+    data = series(root) if data is None else data
+    ms = {m.started: m for m in measurements.read(root)}
+    order = [s for s in ms if s in set(data["measurement"])]
+    grouped = [(load, metric, [part[part["measurement"] == s]["value"].tolist()
+                               for s in order])
+               for (load, metric), part in data.groupby(["load", "metric"], sort=False)]
+    tries = sum(max(0, len(order) - 1) for _ in grouped)
+    confidence = 1 - (1 - stats.CONFIDENCE) / max(1, tries)
+    found = []
+    for load, metric, groups in grouped:
+        direction = diff.METRICS.get(metric, +1)
+        for k, r in _segment(groups, confidence, direction):
+            a, b = order[k - 1], order[k]
+            labels = tuple(set(data[(data["measurement"] == s)]["engine_label"].dropna())
+                           for s in (a, b))
+            found.append(Step(metric, load, b, r.mean, r.low, r.high,
+                              diff.verdict(r, direction), _changed(ms[a], ms[b], labels)))
+    return found
+
+
+def chart(data: pd.DataFrame, metric: str, found: list[Step]) -> alt.LayerChart | None:
+    part = data[data["metric"] == metric]
+    if part.empty:
+        return None
+    agg = (part.groupby(["measurement", "load"])["value"]
+           .apply(lambda v: stats.Interval.of(v)).reset_index(name="iv"))
+    agg["mean"] = [i.mean for i in agg["iv"]]
+    agg["low"] = [i.low if i.known else i.mean for i in agg["iv"]]
+    agg["high"] = [i.high if i.known else i.mean for i in agg["iv"]]
+    agg["runs"] = [i.n for i in agg["iv"]]
+    agg = agg.drop(columns="iv")
+    x = alt.X("measurement:N", title="measurement (UTC start)", sort=None)
+    colour = alt.Color("load:N", title="load point")
+    y_title = axis_title(metric)
+    layers = [alt.Chart(agg).mark_line(point=True).encode(
+                  x=x, y=alt.Y("mean:Q", title=y_title, scale=alt.Scale(zero=False)),
+                  color=colour, tooltip=["measurement", "load", alt.Tooltip("mean:Q",
+                                                                           format=",.4~g"),
+                                         "runs"]),
+              alt.Chart(agg).mark_errorbar(ticks=True).encode(
+                  x=x, y=alt.Y("low:Q", title=y_title), y2="high:Q", color=colour)]
+    marks = [s for s in found if s.metric == metric]
+    if marks:
+        steps_df = pd.DataFrame([{"measurement": s.at, "step": f"{s.ratio:.2f}× "
+                                  f"({s.verdict.split()[0]})", "what": s.what_changed,
+                                  "load": s.load} for s in marks])
+        layers.append(alt.Chart(steps_df).mark_rule(strokeDash=[4, 3], color="#c2185b")
+                      .encode(x=x, tooltip=["load", "step", "what"]))
+        layers.append(alt.Chart(steps_df).mark_text(dy=-HEIGHT / 2 + 8, color="#c2185b",
+                                                    fontSize=11)
+                      .encode(x=x, text="step:N"))
+    return alt.layer(*layers).properties(width=WIDTH, height=HEIGHT, title=titled(
+        f"{y_title} over the measurements",
+        ["mean of each measurement's repeats, bars = 95% CI; dashed: a step beyond noise"]))
+
+
+def page(root: Path, metrics: tuple[str, ...] = METRICS) -> tuple[str, list[Step]]:
+    """The history page (self-contained HTML) and the steps it marks."""
+    data = series(root, metrics)
+    found = steps(root, data)
+    ms = measurements.read(root)
+    parts = [f"<h1>History of {html.escape(root.name)}</h1>",
+             f"<p>{len(ms)} measurement(s); {len(found)} step(s) beyond noise "
+             "(family-wise 95%).</p>"]
+    if found:
+        parts.append("<h2>Steps</h2><ul>" + "".join(
+            f"<li><b>{html.escape(s.metric)}</b> at {html.escape(s.load)}, into "
+            f"{html.escape(s.at)}: {s.ratio:.3f}× ({s.low:.3f}–{s.high:.3f}), "
+            f"{html.escape(s.verdict)}; what changed: {html.escape(s.what_changed)}</li>"
+            for s in found) + "</ul>")
+    charts = [c for m in metrics if (c := chart(data, m, found)) is not None]
+    header = "".join(parts)
+    if not charts:
+        return (f"<!doctype html><html><head><meta charset='utf-8'></head><body>{header}"
+                "<p>No measurement with ok runs yet.</p></body></html>", found)
+    body = offline_html(alt.vconcat(*charts))  # vega inlined once: works offline
+    return body.replace("<body>", "<body><div style='font-family:system-ui,sans-serif'>"
+                        + header + "</div>", 1), found
