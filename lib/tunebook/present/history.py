@@ -55,9 +55,10 @@ def series(root: Path, metrics: tuple[str, ...] = METRICS) -> pd.DataFrame:
                 if v is not None and not pd.isna(v):
                     rows.append({"measurement": m.started, "load": diff._load_text(
                         diff._key(r.to_dict())), "metric": metric, "value": float(v),
-                        "engine_label": r.get("engine_label")})
+                        "engine_label": r.get("engine_label"),
+                        "engine_config_id": r.get("engine_config_id")})
     return pd.DataFrame(rows, columns=["measurement", "load", "metric", "value",
-                                       "engine_label"])
+                                       "engine_label", "engine_config_id"])
 
 
 def _changed(a: measurements.Measurement, b: measurements.Measurement,
@@ -65,7 +66,7 @@ def _changed(a: measurements.Measurement, b: measurements.Measurement,
     said = [f"{name} {x} → {y}" for name, x, y in (
         ("vLLM", a.vllm, b.vllm), ("tunebook", a.tunebook_commit, b.tunebook_commit),
         ("machine", a.machine, b.machine)) if x != y]
-    if labels[0] != labels[1]:
+    if labels[0] != labels[1]:  # a knob, the model or engine_env: the config's id changed
         said.append(f"engine configs {', '.join(sorted(labels[0]))} → "
                     f"{', '.join(sorted(labels[1]))}")
     return "; ".join(said) or "nothing tunebook records (the box, the driver, the load?)"
@@ -104,6 +105,14 @@ def _segment(groups: list[list[float]], confidence: float, direction: int,
             *_segment(groups[k:], confidence, direction, offset + k)]
 
 
+def _configs(part: pd.DataFrame) -> set[str]:
+    """The engine configs of a measurement, as `label [id]` (an engine_env change keeps the
+    label and changes the id)."""
+    ids = part["engine_config_id"] if "engine_config_id" in part else [None] * len(part)
+    return {f"{label} [{cid}]" if cid else str(label)
+            for label, cid in zip(part["engine_label"], ids, strict=True) if label}
+
+
 def steps(root: Path, data: pd.DataFrame | None = None) -> list[Step]:
     """Steps beyond noise in each (load point, metric) series over the measurements: the
     repeats before and after a candidate point pooled (asv's habit of judging a step by the
@@ -122,8 +131,7 @@ def steps(root: Path, data: pd.DataFrame | None = None) -> list[Step]:
         direction = diff.METRICS.get(metric, +1)
         for k, r in _segment(groups, confidence, direction):
             a, b = order[k - 1], order[k]
-            labels = tuple(set(data[(data["measurement"] == s)]["engine_label"].dropna())
-                           for s in (a, b))
+            labels = tuple(_configs(data[data["measurement"] == s]) for s in (a, b))
             found.append(Step(metric, load, b, r.mean, r.low, r.high,
                               diff.verdict(r, direction), _changed(ms[a], ms[b], labels)))
     return found
