@@ -1,7 +1,7 @@
 """Three scheduled runs of one params file on real engines (`tunebook sweep --again`), the
-second with the engine's environment changed behind the scheduler's back (one OpenMP thread
-instead of two): the history marks the step at the second run, names what changed (the
-engine config's id), and marks none at the third, where nothing changed."""
+second with a knob changed in the params file behind the scheduler's back (one sequence at a
+time, at 4 users): the history marks the step at the second run, names what changed (the
+engine config), and marks none at the third, where nothing changed."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def test_three_dated_runs_the_step_at_the_second(tmp_path: Path,
     out = tmp_path / "out"
     sweep = ["sweep", str(params), "--outputs", str(out), "--again", "-q"]
     assert cli(sweep) == EXIT_OK
-    # behind the scheduler's back: one OpenMP thread for the engine from now on
-    base["engine_env"]["OMP_NUM_THREADS"] = 1
+    # behind the scheduler's back: someone edits the file
+    base["engine"]["max_num_seqs"] = 1
     params.write_text(yaml.safe_dump(base))
     assert cli(sweep) == EXIT_WORSE_THAN_LAST
     said = capsys.readouterr().out
