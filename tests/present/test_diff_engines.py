@@ -1,9 +1,14 @@
-"""tunebook diff on real engines: two experiments of the same config and vLLM version, three
-repeats each, are within noise on every metric; a config known to be slower (one sequence at a
-time, eager, at 8 users) is worse beyond noise; the exit codes a scheduled job acts on."""
+"""Scheduled runs with memory on real engines: three dated measurements (`--again`) of one
+experiment — the session's engine config, then the params edited behind the scheduler's back
+to one sequence at a time (eager), then that again. The second is worse beyond noise than the
+first (exit 4, changes__*.json, `tunebook diff` on the two windows exits 1); the third is
+within noise of the second on every metric (the same config and vLLM version, three repeats
+each: exit 0); the history marks one step, at the second, naming the engine config that
+changed, and none at the third."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -11,46 +16,63 @@ from typing import Any
 import pytest
 
 from conftest import SHARED_ENGINE, SharedEngine
-from tunebook.cli import main as cli
+from tunebook import cli
 from tunebook.inputs import params as P
 from tunebook.measure.sweep import Sweep, SweepOptions
-from tunebook.present import diff
+from tunebook.present import diff, history
+from tunebook.results import measurements
 
 pytestmark = pytest.mark.engine
-METRICS = ["output_tok_s", "median_tpot_ms", "median_ttft_ms"]
 
 
-def _params(name: str, grid: list[dict[str, Any]] | None = None) -> P.SweepParams:
-    return P.parse({"experiment": name, **SHARED_ENGINE, "engine_grid": grid or [{}],
+def _params(engine: dict[str, Any]) -> P.SweepParams:
+    return P.parse({"experiment": "nightly", **SHARED_ENGINE,
+                    "engine": {**SHARED_ENGINE["engine"], **engine},
                     "load": {"users": [8], "input_len": 64, "output_len": 24,
                              "prompts_per_user": 1, "num_warmups": 1},
-                    "repeats": 3}, source=f"{name}.yaml")
+                    "repeats": 3}, source="nightly.yaml")
 
 
-def test_same_config_within_noise_and_a_slower_one_worse(tmp_path: Path,
-                                                          shared_engine: SharedEngine,
-                                                          capsys: pytest.CaptureFixture) -> None:
-    for name in ("diff-a", "diff-b"):  # the same config twice, on the session's engine
-        result = shared_engine.sweep(_params(name), tmp_path).run()
+def test_three_measurements_the_step_at_the_second(tmp_path: Path,
+                                                   shared_engine: SharedEngine,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    root = tmp_path / "nightly"
+    args = argparse.Namespace(again=True, worse_than=0.0)
+
+    def measure(params: P.SweepParams, shared: bool) -> int:
+        m = cli._again_begin(args, root)
+        sweep = shared_engine.sweep(params, tmp_path, since=m.started) if shared else \
+            Sweep(params, tmp_path, SweepOptions(progress=False, since=m.started))
+        result = sweep.run()
         assert (result.ok, result.failed) == (3, 0)
-    slow = Sweep(_params("diff-slow", [{"max_num_seqs": 1, "enforce_eager": True}]), tmp_path,
-                 SweepOptions(progress=False)).run()
-    assert (slow.ok, slow.failed) == (3, 0)
-    metrics = [a for m in METRICS for a in ("--metric", m)]
-    summary = tmp_path / "same.json"
-    rc = cli(["diff", str(tmp_path / "diff-a"), str(tmp_path / "diff-b"), *metrics,
-              "--json", str(summary)])
+        return cli._again_end(args, root, m, {r.run_id for r in sweep.plan.runs})
+
+    slow = _params({"max_num_seqs": 1, "enforce_eager": True})
+    assert measure(_params({}), shared=True) == cli.EXIT_OK  # the first: nothing to compare
+    assert measure(slow, shared=False) == cli.EXIT_WORSE_THAN_LAST
+    assert measure(slow, shared=False) == cli.EXIT_OK
     out = capsys.readouterr().out
-    assert rc == diff.EXIT_SAME, out
-    assert f"0 {diff.WORSE}, 0 {diff.BETTER}, {len(METRICS)} {diff.NOISE}" in out, out
-    assert json.loads(summary.read_text())["exit_code"] == diff.EXIT_SAME
-    rc = cli(["diff", str(tmp_path / "diff-a"), str(tmp_path / "diff-slow"), *metrics])
-    out = capsys.readouterr().out
-    assert rc == diff.EXIT_WORSE, out
-    table, _ = diff.run(diff.Side(tmp_path / "diff-a"), diff.Side(tmp_path / "diff-slow"),
-                        METRICS)
+    assert "since the last measurement" in out
+    first, second = (json.loads(p.read_text()) for p in sorted(root.glob("changes__*.json")))
+    assert first["diff_exit_code"] == diff.EXIT_WORSE
+    assert {w["metric"] for w in first["worse"]} >= {"output_tok_s"}
+    # the same config twice: within noise on every metric measured
+    assert set(second["counts"]) == {diff.NOISE}, second
+
+    ms = measurements.read(root)
+    assert len(ms) == 3 and all(m.finished for m in ms)
+    # tunebook diff on two windows of the experiment, exit codes as a scheduled job sees them
+    window = ["--old-until", ms[1].started, "--new-since", ms[1].started,
+              "--new-until", ms[2].started]
+    assert cli.main(["diff", str(root), *window]) == diff.EXIT_WORSE
+    table, _ = diff.run(diff.Side(root, until=ms[1].started),
+                        diff.Side(root, since=ms[1].started, until=ms[2].started))
     tok = table.set_index("metric").loc["output_tok_s"]
-    assert tok["verdict"] == diff.WORSE and tok["ratio_high"] < 0.5, tok
-    # a threshold above the change: the job is told nothing got worse by that much
-    assert cli(["diff", str(tmp_path / "diff-a"), str(tmp_path / "diff-slow"), *metrics,
-                "--worse-than", "10000"]) == diff.EXIT_SAME
+    assert tok["verdict"] == diff.WORSE and tok["ratio_high"] < 0.8, tok
+    assert cli.main(["diff", str(root), *window, "--worse-than", "10000"]) == diff.EXIT_SAME
+
+    found = history.steps(root)
+    assert found and {s.at for s in found} == {ms[1].started}, found
+    assert all("engine configs default [" in s.what_changed and "max_num_seqs=1" in
+               s.what_changed for s in found), found
+    assert f"into {ms[1].started}" in (root / "history.html").read_text()
