@@ -19,6 +19,7 @@ import pytest
 from conftest import SHARED_ENGINE, SharedEngine
 from tunebook import cli
 from tunebook.inputs import params as P
+from tunebook.measure.supply import EngineKeeper
 from tunebook.measure.sweep import Sweep, SweepOptions
 from tunebook.present import diff, history
 from tunebook.results import measurements
@@ -40,18 +41,24 @@ def test_three_measurements_the_step_at_the_second(tmp_path: Path,
     root = tmp_path / "nightly"
     args = argparse.Namespace(again=True, worse_than=0.0)
 
+    kept = EngineKeeper()  # the slow config's engine, kept from the second to the third
+
     def measure(params: P.SweepParams, shared: bool) -> int:
         m = cli._again_begin(args, root)
         sweep = shared_engine.sweep(params, tmp_path, since=m.started) if shared else \
-            Sweep(params, tmp_path, SweepOptions(progress=False, since=m.started))
+            Sweep(params, tmp_path, SweepOptions(progress=False, since=m.started, keeper=kept))
         result = sweep.run()
         assert (result.ok, result.failed) == (3, 0)
         return cli._again_end(args, root, m, {r.run_id for r in sweep.plan.runs})
 
     slow = _params({"max_num_seqs": 1, "enforce_eager": True})
-    assert measure(_params({}), shared=True) == cli.EXIT_OK  # the first: nothing to compare
-    assert measure(slow, shared=False) == cli.EXIT_WORSE_THAN_LAST
-    assert measure(slow, shared=False) == cli.EXIT_OK
+    try:
+        assert measure(_params({}), shared=True) == cli.EXIT_OK  # the first: nothing to compare
+        assert measure(slow, shared=False) == cli.EXIT_WORSE_THAN_LAST
+        assert measure(slow, shared=False) == cli.EXIT_OK
+    finally:
+        kept.stop()
+    assert kept.starts == 1
     out = capsys.readouterr().out
     assert "since the last measurement" in out
     first, second = (json.loads(p.read_text()) for p in sorted(root.glob("changes__*.json")))
