@@ -122,3 +122,18 @@ def test_the_committed_machines_are_those_git_keeps() -> None:
     kept = re.findall(r"^!outputs/([^/.]+)/$", gitignore.read_text(), re.MULTILINE)
     assert sorted(kept) == sorted(COMMITTED_MACHINES)
     assert not any(m.startswith("cpu-") or m.startswith("nvidia-") for m in COMMITTED_MACHINES)
+
+
+def test_params_sections_are_owned_by_their_mechanisms() -> None:
+    """A params section lives next to its mechanism (tunebook.inputs.sections): params
+    imports the owner so it registers, and names nothing of it — no key, no attribute — so a
+    new section touches its own module alone."""
+    from tunebook.inputs import params, sections
+
+    src = Path(params.__file__).read_text()
+    assert sections.SECTIONS.names(), "no registered section"
+    for sec in sections.SECTIONS:
+        owner = type(sec).__module__.rsplit(".", 1)[-1]
+        assert not re.search(rf"\b{owner}\.", src), f"params uses {owner}'s insides"
+        assert not re.search(rf"[\"']{re.escape(sec.key)}[\"']", src), \
+            f"params names the {sec.key!r} section itself"

@@ -66,6 +66,13 @@ class CostSection(Section[Cost]):
     def dump(self, value: Cost) -> Any:
         return {k: getattr(value, k) for k in KEYS if getattr(value, k) is not None}
 
+    def cross_check(self, v: Checker, data: dict[str, Any], given: bool) -> None:
+        search = data.get("search")
+        if not given and isinstance(search, dict) and search.get("objective") == OBJECTIVE:
+            v.err("search.objective", f"{OBJECTIVE} ranks configs by what their tokens cost: "
+                                      "it needs your price, cost: {usd_per_hour: ...} or "
+                                      "{usd_per_gpu_hour: ...}")
+
 
 SECTION = SECTIONS.add(CostSection.key, CostSection())
 

@@ -45,7 +45,7 @@ import yaml
 
 from tunebook.core import hardware, knobs
 from tunebook.core.files import FOLDER_NAME
-from tunebook.inputs import cost  # the owners of params sections register them on import
+from tunebook.inputs import cost  # noqa: F401 - the owners of params sections register them
 from tunebook.inputs.load import (
     BLOCK_REUSE,
     DATASETS,
@@ -599,11 +599,8 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
     layout = _layout(v, v.get(data, "layout", dict, default={}))
     slo_bounds, search = _slo_search(v, data, load_params)
     sections = {sec.key: sec.read(v, data[sec.key]) for sec in SECTIONS if sec.key in data}
-    if isinstance(search, dict) and search.get("objective") == cost.OBJECTIVE \
-            and "cost" not in data:
-        v.err("search.objective", f"{cost.OBJECTIVE} ranks configs by what their tokens cost: "
-                                  "it needs your price, cost: {usd_per_hour: ...} or "
-                                  "{usd_per_gpu_hour: ...}")
+    for sec in SECTIONS:
+        sec.cross_check(v, data, sec.key in data)
     parts = _parts(v, data, model, engine, max_runs, repeats, max_prompts, figures, together)
     if isinstance(start_together, int) and start_together > 1:
         grids = [g for part in parts for g in part.engine_grid] if parts else grid

@@ -29,5 +29,9 @@ class Section(ABC, Generic[T]):
     def dump(self, value: T) -> Any:
         """The value as YAML-able data (`read` reads it back)."""
 
+    def cross_check(self, v: Checker, data: dict[str, Any], given: bool) -> None:
+        """Rules between this section and the rest of the file (`given`: whether the file
+        has this section), said through `v.err`; run for every registered section."""
+
 
 SECTIONS: Registry[Section[Any]] = Registry("params section")
