@@ -47,6 +47,10 @@ RUN = [
        "each load point. An engine config that cannot start is recorded with the log line that "
        "explains it, and the sweep goes on."),
     code("result = wb.run()"),
+    md("## Since the last measurement\nA scheduled run (`tunebook run … --again`) is a dated "
+       "measurement of the whole plan: what changed since the previous one beyond noise, per "
+       "load point and metric, comes first."),
+    code("wb.changes()"),
 ]
 
 STARTS = [

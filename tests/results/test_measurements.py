@@ -92,3 +92,31 @@ def test_what_changed_since_the_last_measurement_is_said_first(
         assert {w["metric"] for w in summary["worse"]} >= {"output_tok_s"}
     else:
         assert summary["worse"] == []
+
+
+def test_the_report_leads_with_the_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    """The notebooks' first section after the run (wb.changes): in a dated measurement, the
+    diff against the previous one; otherwise a line saying there is none."""
+    import IPython.display
+
+    from tunebook.present.workbook import Workbook
+
+    shown: list[str] = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj.data))
+    params = P.parse(PARAMS)
+    sweep = Sweep(params, tmp_path, SweepOptions(progress=False))
+    root, ids = sweep.store.root, [r.run_id for r in sweep.plan.runs]
+    rng = random.Random(5)
+    wb = Workbook(params, sweep)
+    wb.changes()
+    assert "not a dated measurement" in shown[-1]
+    first, _ = M.begin(root)
+    _measure(root, ids, 1.0, rng)
+    M.finish(root, first.started)
+    second, _ = M.begin(root)
+    _measure(root, ids, 0.7, rng)
+    monkeypatch.setenv(M.SINCE_ENV, second.started)
+    wb.changes()
+    assert shown[-1].startswith(f"Since the measurement of {first.started}")
+    assert "worse beyond noise" in shown[-1]

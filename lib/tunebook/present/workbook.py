@@ -94,6 +94,31 @@ class Workbook:
     def table(self) -> pd.DataFrame:
         return self.sweep.store.table()
 
+    def changes(self) -> None:
+        """In a dated measurement (`--again`): what changed since the previous one beyond
+        noise (tunebook diff of the two windows), in words; else a line saying there is none."""
+        from IPython.display import Markdown, display
+
+        from tunebook.present import diff
+        from tunebook.results import measurements
+
+        root = self.sweep.store.root
+        since = self.sweep.options.since or measurements.since_from_env()
+        prev = measurements.previous(root, since) if since else None
+        if prev is None:
+            display(Markdown("This run is not a dated measurement (`--again`), or it is the "
+                             "first one: nothing to compare with."))
+            return
+        try:
+            table, figs = diff.run(diff.Side(root, since=prev.started, until=since),
+                                   diff.Side(root, since=since))
+        except diff.DiffError as e:
+            display(Markdown(f"Nothing to compare: {e}"))
+            return
+        display(Markdown(f"Since the measurement of {prev.started}:\n\n```\n"
+                         + diff.text(table, figs, "the last measurement", "this one")
+                         + "\n```"))
+
     def ok(self) -> pd.DataFrame:
         return ok_rows(self.table())
 
