@@ -137,3 +137,22 @@ def test_params_sections_are_owned_by_their_mechanisms() -> None:
         assert not re.search(rf"\b{owner}\.", src), f"params uses {owner}'s insides"
         assert not re.search(rf"[\"']{re.escape(sec.key)}[\"']", src), \
             f"params names the {sec.key!r} section itself"
+
+
+def test_measuring_code_names_no_load_kind() -> None:
+    """Load kinds are a seam (tunebook.measure.loads): outside their folder and the modules
+    they wrap (vLLM's client, the probe), measuring code asks `kind_for` and never names one."""
+    named = re.compile(r"BLOCK_REUSE|block_reuse|\bprobe\b|loads\.(client|probe)|VllmClient|"
+                       r"BlockReuseProbe")
+    measure = PKG / "measure"
+    wrapped = {measure / "client.py", measure / "probe.py"}
+    offenders = []
+    for path in sorted(measure.rglob("*.py")):
+        if "loads" in path.relative_to(measure).parts or path in wrapped:
+            continue
+        code = "\n".join(line for line in path.read_text().splitlines()
+                         if not line.lstrip().startswith("#"))
+        code = re.sub(r'"""[\s\S]*?"""', "", code)  # docstrings may name them
+        if named.search(code):
+            offenders.append(str(path.relative_to(PKG)))
+    assert not offenders, f"measuring code that names a load kind: {offenders}"

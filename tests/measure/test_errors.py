@@ -4,7 +4,7 @@ several things; the whole tracebacks stay in the run's JSON (requests.errors).""
 
 from __future__ import annotations
 
-from tunebook.measure.point import error_summary
+from tunebook.measure.loads.client import error_summary
 
 DISCONNECT = """Traceback (most recent call last):
   File ".../vllm/benchmarks/lib/endpoint_request_func.py", line 232, in async_request_openai

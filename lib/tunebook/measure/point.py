@@ -6,8 +6,8 @@ record (its result row and everything kept beside it), whatever happened.
 - The server's /metrics is read before and after and sampled while it runs
   (tunebook.servers.metrics), and the server watches what else it counts (a pair: the KV that
   crossed between its engines).
-- vLLM's benchmark client (tunebook.measure.client), or Fig 3.3's probe (tunebook.measure.probe),
-  sends the requests.
+- the point's load kind (tunebook.measure.loads: vLLM's benchmark client, Fig 3.3's probe)
+  sends the requests and reads them back; this module never asks which kind it is.
 - Ctrl-C / SIGTERM: the record says `interrupted` and carries the interrupt, which the caller
   raises once the record is stored. A client failure is `failed`; a server that died under it
   makes the run `interrupted` (run again on resume), found by the server's watchdog within a
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,24 +27,17 @@ from typing import Any
 
 from tunebook.core import hardware, schema
 from tunebook.inputs import cost
-from tunebook.inputs.load import BLOCK_REUSE, PROMPT_DATASETS, bench_argv, point_seed
+from tunebook.inputs.load import point_seed
 from tunebook.inputs.params import SweepParams
 from tunebook.inputs.plan import PlannedRun
-from tunebook.measure import energy, probe
-from tunebook.measure.client import (
-    ClientCache,
-    LoadError,
-    metrics_row,
-    request_arrays,
-    run_bench,
-)
+from tunebook.measure import energy, loads
+from tunebook.measure.client import ClientCache, LoadError
 from tunebook.measure.locks import Terminated
 from tunebook.measure.progress import StepTimes
 from tunebook.models.presets import ModelRef
 from tunebook.results.store import utc_now
 from tunebook.servers import metrics as engine_metrics
 from tunebook.servers.base import (
-    SERVED_NAME,
     EngineDiedError,
     EngineRequestError,
     EngineStartError,
@@ -139,12 +131,6 @@ def _timed(step: str, timings: dict[str, float], steps: StepTimes) -> Iterator[N
         timings[key] = timings.get(key, 0.0) + s
 
 
-CLIENT_STEPS = {"client_s": "client (vLLM's, whole call)",
-                "client_import_s": "client: import vllm.benchmarks.serve",
-                "client_tokenizer_s": "client: tokenizer",
-                "client_samples_s": "client: dataset sampling"}
-
-
 def _scrape(server: Server, errors: list[str]) -> engine_metrics.Snapshot | None:
     """One /metrics snapshot; a failure is noted in the run's JSON, the point goes on."""
     try:
@@ -174,26 +160,6 @@ def _lost(run: PlannedRun, server: Server, ctx: PointContext, out: Outcome, what
     out.extra = {**(out.extra or {}), "engine_lost": {"why": what, "found_at": time.time()},
                  "engine_log_tail": server.log_tail()}
     return Measured(record_of(run, server, ctx, out), engine_lost=what)
-
-
-def _said(error: str) -> str:
-    """What a failed request died of: the last line of its traceback ("Type: message"), or
-    the server's own words (vLLM's client stores a traceback, or a reason like 'Bad Request')."""
-    lines = [ln.strip() for ln in error.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else error.strip()
-
-
-def error_summary(res: dict) -> str | None:
-    """The failed requests of a run in a few words: the first one's exception and message,
-    and, when they died of several things, how many of each (`2x ServerDisconnectedError,
-    1x TimeoutError`). None when no request failed; the tracebacks stay in the run's JSON."""
-    said = [_said(e) for e in res.get("errors", []) if e]
-    if not said:
-        return None
-    kinds = Counter(s.split(":", 1)[0].rsplit(".", 1)[-1] for s in said)
-    if len(kinds) == 1:
-        return said[0]
-    return said[0] + " (" + ", ".join(f"{n}x {k}" for k, n in kinds.most_common()) + ")"
 
 
 def measure(server: Server, run: PlannedRun, ctx: PointContext) -> Measured:
@@ -234,17 +200,15 @@ def _measure(server: Server, run: PlannedRun, ctx: PointContext, out: Outcome) -
         before = _scrape(server, scrape_errors)
     log_from = server.log_offsets()
     sampler = engine_metrics.Sampler(server.metrics_text)
-    meter = energy.EnergySampler(*energy.open_counter()) \
-        if point.dataset != BLOCK_REUSE else None
+    kind = loads.kind_for(point)
+    # the GPUs' energy over the measured window: a kind whose result says when its requests
+    # ran (vLLM's client) is measured; one that does not (the probe's two requests) is not
+    meter = energy.EnergySampler(*energy.open_counter()) if kind.uses_vllm_client else None
     try:
-        with sampler, meter or contextlib.nullcontext():
-            if point.dataset == BLOCK_REUSE:
-                with _timed("block-reuse probe", timings, ctx.steps):
-                    vocab = ((ctx.model.config if ctx.model else None) or {}).get("vocab_size")
-                    found = probe.run(server, point, out.seed, timeout_s=_timeout(run, ctx),
-                                      vocab_size=vocab)
-            else:
-                res, printed = _bench(server, run, ctx, out.seed, timings)
+        with sampler, meter or contextlib.nullcontext(), (
+                _timed(kind.step, timings, ctx.steps) if kind.step
+                else contextlib.nullcontext()):
+            sent = kind.send(server, run, ctx, out.seed, timings)
     except EngineDiedError as e:  # the watchdog saw it while the client ran
         return _lost(run, server, ctx, out, e.death)
     except Exception as e:  # noqa: BLE001 - any client failure is recorded, not fatal
@@ -265,59 +229,16 @@ def _measure(server: Server, run: PlannedRun, ctx: PointContext, out: Outcome) -
         "engine_metrics": engine_metrics.record(before, after, sampler, scrape_errors),
         # byte ranges of the shared engine logs that this load wrote (Figs 8.2, 8.3)
         "log_span": {k: [v, server.log_offsets().get(k, v)] for k, v in log_from.items()},
-        **sections}
-    out.status = schema.STATUS_OK
-    if point.dataset == BLOCK_REUSE:
-        out.metrics, out.error = found.row, found.error
-        out.extra.update(found.record)
-        if out.error:
-            out.status = schema.STATUS_FAILED
-    else:
-        texts = point.dataset in PROMPT_DATASETS
-        out.extra.update({"requests": request_arrays(res, texts),
-                          "bench_output": printed[-4000:]})
-        try:
-            out.metrics = metrics_row(res, point)
-            out.row_extra.update(energy.row(meter, res, out.metrics.get("total_output_tokens")))
-            if meter is not None and meter.counter is not None:
-                out.extra["energy"] = {"devices": meter.counter.devices,
-                                       "samples": len(meter.samples),
-                                       "errors": meter.errors[:5]}
-        except Exception as e:  # noqa: BLE001 - a result tunebook cannot read: a failed row,
-            # with vLLM's arrays kept for a later reading, not a crashed sweep
-            out.status = schema.STATUS_FAILED
-            out.error = (f"tunebook could not read vLLM's result: {type(e).__name__}: {e} "
-                         f"(its keys: {', '.join(sorted(res))})")[:500]
-        else:
-            if not out.metrics.get("completed"):
-                out.status = schema.STATUS_FAILED
-                out.error = (error_summary(res) or "no request completed")[:500]
-            elif out.metrics.get("failed_requests"):
-                # vLLM's metrics leave failed requests out: the numbers would flatter this run
-                out.status = schema.STATUS_FAILED
-                out.error = (f"{out.metrics['failed_requests']} request(s) failed: "
-                             f"{error_summary(res)}")[:500]
+        **sections, **sent.extra}
+    out.metrics, out.error = sent.metrics, sent.error
+    out.status = schema.STATUS_FAILED if sent.error else schema.STATUS_OK
+    if sent.result is not None and sent.metrics is not None:
+        out.row_extra.update(energy.row(meter, sent.result,
+                                        sent.metrics.get("total_output_tokens")))
+        if meter is not None and meter.counter is not None:
+            out.extra["energy"] = {"devices": meter.counter.devices,
+                                   "samples": len(meter.samples), "errors": meter.errors[:5]}
     if (not server.alive() or out.status != schema.STATUS_OK) \
             and (died := exited(server)) is not None:  # at once when it is gone already
         return _lost(run, server, ctx, out, died)
     return Measured(record_of(run, server, ctx, out))
-
-
-def _timeout(run: PlannedRun, ctx: PointContext) -> float:
-    return ctx.params.run_timeout_for(run.part)
-
-
-def _bench(server: Server, run: PlannedRun, ctx: PointContext, seed: int | None,
-           timings: dict[str, float]) -> tuple[dict, str]:
-    """vLLM's benchmark client on the server; its steps into the run's timings."""
-    assert ctx.model is not None, "the executor sets each config's model"
-    argv = bench_argv(run.point, server.base_url, SERVED_NAME, ctx.model.tokenizer, seed)
-    client: dict[str, float] = {}
-    try:
-        return run_bench(argv, api_key=server.api_key, timeout_s=_timeout(run, ctx),
-                         cache=ctx.client, timings=client, death=server.death)
-    finally:
-        timings.update(client)
-        for key, step in CLIENT_STEPS.items():
-            if key in client:
-                ctx.steps.add(step, client[key])

@@ -28,9 +28,8 @@ from typing import Any
 
 from tunebook.core import config, schema
 from tunebook.core.threads import Background
-from tunebook.inputs.load import BLOCK_REUSE
 from tunebook.inputs.plan import EngineConfig, PlannedRun
-from tunebook.measure import progress
+from tunebook.measure import loads, progress
 from tunebook.measure.locks import Terminated, machine_lock
 from tunebook.measure.progress import StepTimes
 from tunebook.models.presets import ModelRef
@@ -125,10 +124,8 @@ class Starts:
 
 def server_options(runs: list[PlannedRun]) -> ServerOptions:
     """What the engine must be started with for these runs: dev mode when any resets the
-    prefix cache, prompt-token details when any is the block-reuse probe."""
-    return ServerOptions(
-        dev_mode=any(r.point.reset_prefix_cache for r in runs),
-        prompt_tokens_details=any(r.point.dataset == BLOCK_REUSE for r in runs))
+    prefix cache, and what their load kinds need (tunebook.measure.loads)."""
+    return loads.server_options(r.point for r in runs)
 
 
 @dataclass

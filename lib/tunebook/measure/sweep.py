@@ -29,10 +29,9 @@ from typing import Any
 import yaml
 
 from tunebook.core import config, hardware, schema
-from tunebook.inputs.load import BLOCK_REUSE
 from tunebook.inputs.params import SweepParams
 from tunebook.inputs.plan import Plan, Resume, make_plan
-from tunebook.measure import client, progress
+from tunebook.measure import client, loads, progress
 from tunebook.measure.executors import ray_address, ray_executor
 from tunebook.measure.executors.base import Executor, Job
 from tunebook.measure.executors.local import LocalExecutor
@@ -207,7 +206,7 @@ class Sweep:
         work = [(cfg, runs) for cfg, runs in work if runs]
         executor = self.executor
         if executor is None:
-            if any(r.point.dataset != BLOCK_REUSE for r in todo):
+            if loads.any_uses_vllm_client(r.point for r in todo):
                 client.prefetch_client()  # imported while the first engine starts, at nice 19
             executor = self.local_executor()
         try:
