@@ -12,9 +12,9 @@ import pytest
 from fake_server import FakeEngine
 from tunebook.core import schema
 from tunebook.inputs import params as P
-from tunebook.measure import point as point_mod
 from tunebook.measure import sweep as S
 from tunebook.measure.client import ClientCache
+from tunebook.measure.loads import client as client_kind
 from tunebook.measure.point import PointContext, measure
 from tunebook.models.presets import resolve_model
 from tunebook.results.store import Store
@@ -80,8 +80,8 @@ def test_a_result_tunebook_cannot_read_is_a_failed_row_not_a_crash(
     def unreadable(result: dict, point: Any) -> dict:
         raise IndexError("list index out of range")
 
-    monkeypatch.setattr(point_mod, "run_bench", fake_bench)
-    monkeypatch.setattr(point_mod, "metrics_row", unreadable)
+    monkeypatch.setattr(client_kind, "run_bench", fake_bench)
+    monkeypatch.setattr(client_kind, "metrics_row", unreadable)
     row, record = _one(_sweep(tmp_path, reset_prefix_cache=False, num_warmups=0), eng)
     assert row["status"] == schema.STATUS_FAILED
     assert row["error"].startswith("tunebook could not read vLLM's result: IndexError")
@@ -103,7 +103,7 @@ def test_bench_point_without_reset(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         return {"completed": 4, "failed": 0, "duration": 1.5, "output_throughput": 10.0,
                 "ttfts": [0.1] * 4}, "printed"
 
-    monkeypatch.setattr(point_mod, "run_bench", fake_bench)
+    monkeypatch.setattr(client_kind, "run_bench", fake_bench)
     sw = _sweep(tmp_path, reset_prefix_cache=False, seed=11, num_warmups=0)
     row, record = _one(sw, eng)
     assert row["status"] == schema.STATUS_OK and row["prefix_cache_reset"] is False
