@@ -66,6 +66,9 @@ def test_no_config_to_export_is_a_clear_error(tmp_path: Path, capsys: pytest.Cap
     assert "no stored run" in capsys.readouterr().err
     assert cli(["deploy", str(SEARCHED), "--config", "nope"]) == 2
     assert "has no engine config 'nope'; it has:" in capsys.readouterr().err
+    pair = REPO / "outputs" / "cpu" / "ch06-disagg"  # a prefill/decode pair: not one engine
+    assert cli(["deploy", str(pair), "--config", "e6630fdabed", "--out", str(tmp_path)]) == 2
+    assert "served by a prefill/decode pair" in capsys.readouterr().err
 
 
 def test_booleans_and_mappings_read_back_as_the_same_flags(tmp_path: Path) -> None:

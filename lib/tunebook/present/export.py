@@ -36,6 +36,9 @@ CACHE_LABELS = {"block_size": "block_size", "enable_prefix_caching": "enable_pre
                 "gpu_memory_utilization": "gpu_memory_utilization", "kv_cache_dtype": "cache_dtype"}
 
 
+NOT_VLLM = "__not_vllm__"  # a config another server kind served (its env entry says which)
+
+
 class ExportError(ValueError):
     pass
 
@@ -84,8 +87,12 @@ def _configs(exp: Path) -> dict[str, Config]:
         cid = row.get("engine_config_id")
         if cid and cid not in out and argv:
             argv = ast.literal_eval(argv) if isinstance(argv, str) else argv
+            env = dict(rec["engine"].get("env") or {})
+            if row.get("disaggregated") or row.get("engine_kind") not in (None, "vllm"):
+                env = {NOT_VLLM: "SGLang" if row.get("engine_kind") == "sglang"
+                       else "a prefill/decode pair"}
             out[cid] = (row.get("engine_label") or cid, row.get("model") or "",
-                        knobs_of_argv(list(argv)), dict(rec["engine"].get("env") or {}))
+                        knobs_of_argv(list(argv)), env)
     return out
 
 
@@ -123,6 +130,9 @@ def pick(exp: Path, config: str | None = None) -> Answer:
         raise ExportError(f"{exp.name} has {len(configs)} engine configs and no search answer: "
                           f"name one with --config ({names})")
     label, model, knobs, env = configs[cid]
+    if NOT_VLLM in env:
+        raise ExportError(f"{exp.name}: {label} is served by {env[NOT_VLLM]}, not one vLLM "
+                          "engine: deploy writes vLLM's own config file")
     defaults = knob_table.vllm_defaults()
     flags = {k: v for k, v in knobs.items() if knob_table.KNOBS[k].flag}
     same = {k: v for k, v in flags.items() if k in defaults and defaults[k] == v}
