@@ -21,20 +21,18 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from tunebook.core import hardware, schema
 from tunebook.inputs import cost
 from tunebook.inputs.load import point_seed
-from tunebook.inputs.params import SweepParams
 from tunebook.inputs.plan import PlannedRun
 from tunebook.measure import energy, loads
-from tunebook.measure.client import ClientCache, LoadError
+from tunebook.measure.client import LoadError
+from tunebook.measure.context import PointContext
 from tunebook.measure.locks import Terminated
 from tunebook.measure.progress import StepTimes
-from tunebook.models.presets import ModelRef
 from tunebook.results.store import utc_now
 from tunebook.servers import metrics as engine_metrics
 from tunebook.servers.base import (
@@ -44,19 +42,6 @@ from tunebook.servers.base import (
     NoWatch,
     Server,
 )
-
-
-@dataclass
-class PointContext:
-    """What every run of a sweep shares: its params, where its store is (records name logs
-    relative to it), the model (each engine config's own: the executor sets it), vLLM's client
-    cache (one tokenizer load per sweep) and the sweep's step clock."""
-
-    params: SweepParams
-    store_root: Path
-    model: ModelRef | None = None
-    client: ClientCache = field(default_factory=ClientCache)
-    steps: StepTimes = field(default_factory=StepTimes)
 
 
 @dataclass

@@ -13,7 +13,7 @@ from tunebook.servers.base import SERVED_NAME, Server
 
 if TYPE_CHECKING:
     from tunebook.inputs.plan import PlannedRun
-    from tunebook.measure.point import PointContext
+    from tunebook.measure.context import PointContext
 
 CLIENT_STEPS = {"client_s": "client (vLLM's, whole call)",
                 "client_import_s": "client: import vllm.benchmarks.serve",

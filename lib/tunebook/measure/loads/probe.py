@@ -12,7 +12,7 @@ from tunebook.servers.base import Server, ServerOptions
 
 if TYPE_CHECKING:
     from tunebook.inputs.plan import PlannedRun
-    from tunebook.measure.point import PointContext
+    from tunebook.measure.context import PointContext
 
 
 class BlockReuseProbe(LoadKind):
