@@ -98,7 +98,7 @@ class Killer:
         self.seen: set[int] = set()  # engines (pgids) already used by a case
         self.scratch: set[str] = set()  # every engine's scratch folder (its pid file says)
         self.error: BaseException | None = None
-        self.served = self.loads = 0
+        self.loads = 0
         self.stop = threading.Event()
 
     @property
@@ -148,7 +148,6 @@ class Killer:
         os.kill(pid, signal.SIGSTOP if case.moment == "hang" else signal.SIGKILL)
         self.seen.add(pgid)
         self.i += 1
-        self.served = _completions(self.exp)  # a point case waits for a request after these
         self.loads = _loads(self.exp)  # a start case, for the next engine's weights
 
     def between(self, row: dict) -> None:
@@ -179,7 +178,7 @@ class Killer:
                     # killed younger than that is the failed start vLLM's log describes)
                     time.sleep(1.5 * SCAN_EVERY_S)
                     self.kill(pgid)
-                elif case.moment in ("point", "hang") and _completions(self.exp) > self.served:
+                elif case.moment in ("point", "hang") and self._served_by(pgid):
                     self.kill(pgid)
                 self._note_replacement()
                 time.sleep(0.05)
@@ -189,16 +188,25 @@ class Killer:
         except BaseException as e:  # noqa: BLE001 - raised in the test's thread
             self.error = e
 
+    def _served_by(self, pgid: int) -> bool:
+        """Whether this engine has logged a request of the point (its own log: a killed
+        engine's last access lines may reach its log after the kill, and counting every log
+        once took those for the next engine's point and stopped it during its start)."""
+        for pf in process.state_dir().glob("*.json"):
+            try:
+                info = json.loads(pf.read_text())
+                if int(info["pgid"]) == pgid:
+                    return "POST /v1/completions" in Path(info["log"]).read_text(
+                        errors="replace")
+            except (OSError, ValueError, KeyError):
+                continue
+        return False
+
     def _note_replacement(self) -> None:
         waiting = [c for c in self.cases if c.killed_at is not None and c.replaced_after_s is None]
         if waiting and self.engine():
             for c in waiting:
                 c.replaced_after_s = time.time() - c.killed_at
-
-
-def _completions(exp: Path) -> int:
-    return sum(p.read_text(errors="replace").count("POST /v1/completions")
-               for p in (exp / "engines").glob("*.log")) if (exp / "engines").is_dir() else 0
 
 
 def _loads(exp: Path) -> int:

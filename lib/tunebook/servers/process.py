@@ -280,6 +280,7 @@ class ProcessServer(ServerBase, ABC):
         self._pidfile: _PidFile | None = None
         self.watchdog: Watchdog | None = None
         self._spawned_at: float | None = None
+        self._dead_by: float | None = None  # when stop() began or its death was found
         # a folder of its own for the files its processes make where they please (vLLM's
         # ZMQ sockets: /tmp/<uuid>, one per start, never removed), removed at its stop
         self.scratch: Path | None = None
@@ -467,6 +468,10 @@ class ProcessServer(ServerBase, ABC):
             # handler cannot run: stopped there (a start that timed out, Ctrl-C during a
             # start) it sat out the whole 20 s grace
             died = self.death()  # asked before the stop: what the stop ends is no death
+            found = self.watchdog.death() if self.watchdog is not None else None
+            # the dead engine's own segments were made before its death was found; a
+            # replacement may be starting meanwhile, and its fresh segments are not ours
+            self._dead_by = found.found_at if found is not None else time.time()
             stuck = self.watchdog.stopped() if self.watchdog is not None else None
             if self.watchdog is not None:
                 self.watchdog.close()
@@ -482,7 +487,8 @@ class ProcessServer(ServerBase, ABC):
         if self.death() is not None and self._spawned_at is not None:
             # its processes that died first took their segments' names with them (kill_group
             # saw only the living): what it made and nobody maps now goes too
-            reap_shared_memory(min_age_s=0, since=self._spawned_at)
+            reap_shared_memory(min_age_s=0, since=self._spawned_at,
+                               until=self._dead_by)
         self._remove_leftovers()
         _LIVE.discard(self)
 

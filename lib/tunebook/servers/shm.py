@@ -57,12 +57,14 @@ _shm_reaped_at: float | None = None
 
 
 def reap_shared_memory(min_age_s: float = SHM_MIN_AGE_S, every_s: float = 0.0,
-                       since: float | None = None) -> list[Path]:
+                       since: float | None = None, until: float | None = None) -> list[Path]:
     """Unlink the /dev/shm/psm_* segments engines that died on their own left behind (their
     resource tracker died with them): this user's, older than `min_age_s`, that no live
     process maps or holds open. kill_group cleans up after the stops tunebook makes; this
     finds the rest (a sweep calls it before it starts anything, at most once `every_s`).
-    `since` (time.time()): only segments made after it (an engine that died: its own)."""
+    `since`, `until` (time.time()): only segments made between them (an engine that died:
+    its own, made after it was spawned and before its death was found — a replacement that
+    starts while it is being stopped makes segments it has not mapped yet, which must stay)."""
     global _shm_reaped_at
     if _shm_reaped_at is not None and time.monotonic() - _shm_reaped_at < every_s:
         return []
@@ -75,7 +77,8 @@ def reap_shared_memory(min_age_s: float = SHM_MIN_AGE_S, every_s: float = 0.0,
         except OSError:
             continue
         made = max(st.st_mtime, st.st_ctime)
-        if st.st_uid == uid and now - made >= min_age_s and (since is None or made >= since):
+        if st.st_uid == uid and now - made >= min_age_s and (since is None or made >= since) \
+                and (until is None or made <= until):
             found.add(path)
     left = found - mapped_by_any(found) - open_by_any(found)
     for path in left:
