@@ -470,7 +470,7 @@ def test_client_failures_mid_run_are_recorded(tmp_path: Path, monkeypatch: pytes
     one engine for both (the shared one): each run is saved as failed with vLLM's count of
     failed requests and the first error; the engine stays up and the next load point runs
     normally."""
-    import tunebook.measure.point as point_mod
+    import tunebook.measure.loads.client as point_mod  # where the client kind builds argv
 
     modes = {2: "503", 3: "reset"}
     proxies: list[FaultProxy] = []

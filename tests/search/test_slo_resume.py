@@ -17,6 +17,7 @@ from tunebook.inputs import slo
 from tunebook.measure import point as point_mod
 from tunebook.measure import supply as S_supply
 from tunebook.measure import sweep as S
+from tunebook.measure.loads import client as client_kind
 from tunebook.measure.supply import FreshSupply
 from tunebook.present import workbook
 from tunebook.search import adaptive
@@ -72,7 +73,7 @@ def sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
                 "p99_ttft_ms": m["p99_ttft_ms"], "ttfts": [0.1] * n}, "printed"
 
     monkeypatch.setattr(FreshSupply, "new", engine)  # the kept supply's too
-    monkeypatch.setattr(point_mod, "run_bench", bench)
+    monkeypatch.setattr(client_kind, "run_bench", bench)
     monkeypatch.setattr(point_mod, "_scrape", lambda server, errors: None)
     return state
 

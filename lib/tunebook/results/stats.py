@@ -249,8 +249,10 @@ def ratio(a: Interval, b: Interval, method: str = "bounds", dof: str = "welch") 
     its nominal rate at 99.75 % with 3 runs against 15: tunebook.present.history pools
     unequal sides).
 
-    The bounds are NaN when either side lacks an interval, when b's interval reaches 0 or
-    below, or a's falls below 0 (a ratio interval is then unbounded or meaningless)."""
+    The bounds are NaN when either side lacks an interval, and for the bounds method when b's
+    interval reaches 0 or below, or a's falls below 0 (that quotient is then unbounded or
+    meaningless). The delta method needs only b's mean positive: a wide interval of few
+    repeats at a family-wise confidence may reach 0 and still say what the ratio is."""
     if method not in ("bounds", "delta"):
         raise ValueError(f"method must be 'bounds' or 'delta', not {method!r}")
     if a.confidence != b.confidence:
@@ -259,9 +261,11 @@ def ratio(a: Interval, b: Interval, method: str = "bounds", dof: str = "welch") 
     if not (_finite(a.mean) and _finite(b.mean)) or b.mean == 0:
         return Interval(math.nan, n=n, confidence=a.confidence)
     r = a.mean / b.mean
-    if not (a.known and b.known) or b.low <= 0 or a.low < 0:
+    if not (a.known and b.known):
         return Interval(r, n=n, confidence=a.confidence)
     if method == "bounds":
+        if b.low <= 0 or a.low < 0:  # the interval of a quotient of intervals: unbounded
+            return Interval(r, n=n, confidence=a.confidence)
         return Interval(r, a.low / b.high, a.high / b.low, n, confidence=a.confidence)
     va = (a.std / a.mean) ** 2 / a.n  # squared relative standard errors
     vb = (b.std / b.mean) ** 2 / b.n
