@@ -156,7 +156,7 @@ def chart(data: pd.DataFrame, metric: str, found: list[Step]) -> alt.LayerChart 
                   color=colour, tooltip=["measurement", "load", alt.Tooltip("mean:Q",
                                                                            format=",.4~g"),
                                          "runs"]),
-              alt.Chart(agg).mark_errorbar(ticks=True).encode(
+              alt.Chart(agg).mark_errorbar(ticks={"size": 10}).encode(
                   x=x, y=alt.Y("low:Q", title=y_title), y2="high:Q", color=colour)]
     marks = [s for s in found if s.metric == metric]
     if marks:
@@ -193,5 +193,7 @@ def page(root: Path, metrics: tuple[str, ...] = METRICS) -> tuple[str, list[Step
         return (f"<!doctype html><html><head><meta charset='utf-8'></head><body>{header}"
                 "<p>No measurement with ok runs yet.</p></body></html>", found)
     body = offline_html(alt.vconcat(*charts))  # vega inlined once: works offline
-    return body.replace("<body>", "<body><div style='font-family:system-ui,sans-serif'>"
-                        + header + "</div>", 1), found
+    # the page's own <body> is the last one: the inlined scripts before it spell "<body>" too
+    at = body.rindex("<body>") + len("<body>")
+    return (body[:at] + "<div style='font-family:system-ui,sans-serif'>" + header + "</div>"
+            + body[at:]), found
