@@ -138,7 +138,7 @@ def test_engine_stopped_and_recorded(quickstart: Path) -> None:
 def test_notebook_rendered_offline(quickstart: Path) -> None:
     ipynb = report.latest_notebook(quickstart)
     params = report.notebook_parameters(ipynb)
-    assert params["overrides"] == SMALL_OVERRIDES
+    assert params["overrides"] == {**SMALL_OVERRIDES, "cost": {"usd_per_hour": 1.8}}
     html = (quickstart / "report.html").read_text()
     assert "data:image/svg+xml;base64," in html  # every chart as an embedded SVG
     assert report.external_resources(html) == []
