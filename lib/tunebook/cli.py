@@ -244,13 +244,14 @@ def _again_end(args: argparse.Namespace, root: Path, m: Any, run_ids: set[str]) 
     --worse-than percent, else EXIT_OK."""
     import json
 
+    from tunebook.core.schema import STATUS_OK
     from tunebook.present import diff
     from tunebook.results import measurements
     from tunebook.results.store import Store, stamp, write_new
 
     os.environ.pop(measurements.SINCE_ENV, None)
     ok = {str(r["run_id"]) for r in Store(root).rows()
-          if r.get("status") == "ok" and str(r.get("started_at") or "") >= m.started}
+          if r.get("status") == STATUS_OK and measurements.inside(r, m.started)}
     if not run_ids <= ok:
         print(f"{root.name}: this measurement is not finished ({len(run_ids - ok)} run(s) "
               "not ok): the next --again resumes it", file=sys.stderr)
@@ -263,16 +264,13 @@ def _again_end(args: argparse.Namespace, root: Path, m: Any, run_ids: set[str]) 
     old = diff.Side(root, since=prev.started, until=m.started)
     new = diff.Side(root, since=m.started)
     table, figs = diff.run(old, new)
-    code = diff.exit_code(table, args.worse_than)
+    said = diff.summary(table, figs, args.worse_than)
+    code = said.pop("exit_code")
     print(f"since the last measurement ({prev.started}):\n"
           + diff.text(table, figs, old.name, new.name))
     write_new(root / f"changes__{stamp()}.json", json.dumps({
-        "previous": prev.started, "this": m.started, "diff_exit_code": code,
-        "counts": table["verdict"].value_counts().to_dict(),
-        "worse": diff.worst(table, args.worse_than)[["load", "metric", "ratio"]]
-        .to_dict("records"),
-        "figures_changed": figs[figs["changed"]].to_dict("records")}, indent=1,
-        default=str).encode())
+        "previous": prev.started, "this": m.started, "diff_exit_code": code, **said},
+        indent=1, default=str).encode())
     from tunebook.present import history
 
     text, found = history.page(root)
@@ -453,14 +451,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
         args.html.write_text(diff.to_html(table, figs, sides[0].name, sides[1].name))
         print(f"page: {args.html}")
     if args.json:
-        worse = diff.worst(table, args.worse_than)
-        args.json.write_text(json.dumps({
-            "old": sides[0].name, "new": sides[1].name, "exit_code": code,
-            "counts": table["verdict"].value_counts().to_dict(),
-            "worse": worse[["load", "metric", "ratio", "ratio_low", "ratio_high"]]
-            .to_dict("records"),
-            "figures_changed": figs[figs["changed"]].to_dict("records")}, indent=1,
-            default=str))
+        args.json.write_text(json.dumps({"old": sides[0].name, "new": sides[1].name,
+                                         **diff.summary(table, figs, args.worse_than)},
+                                        indent=1, default=str))
     return code
 
 

@@ -108,12 +108,7 @@ class Killer:
     def engine(self) -> int | None:
         """The engine up now that no case has killed yet (its pid file, its group leader
         running: cheap enough to ask every few ms beside two cores of engine start)."""
-        for pf in process.state_dir().glob("*.json"):
-            try:
-                info = json.loads(pf.read_text())
-                pgid = int(info["pgid"])
-            except (OSError, ValueError, KeyError):
-                continue
+        for pgid, info in _pid_files():
             if info.get("scratch"):
                 self.scratch.add(info["scratch"])
             if pgid not in self.seen and psutil.pid_exists(pgid):
@@ -192,14 +187,13 @@ class Killer:
         """Whether this engine has logged a request of the point (its own log: a killed
         engine's last access lines may reach its log after the kill, and counting every log
         once took those for the next engine's point and stopped it during its start)."""
-        for pf in process.state_dir().glob("*.json"):
-            try:
-                info = json.loads(pf.read_text())
-                if int(info["pgid"]) == pgid:
+        for found, info in _pid_files():
+            if found == pgid:
+                try:
                     return "POST /v1/completions" in Path(info["log"]).read_text(
                         errors="replace")
-            except (OSError, ValueError, KeyError):
-                continue
+                except (OSError, KeyError):
+                    return False
         return False
 
     def _note_replacement(self) -> None:
@@ -207,6 +201,18 @@ class Killer:
         if waiting and self.engine():
             for c in waiting:
                 c.replaced_after_s = time.time() - c.killed_at
+
+
+def _pid_files() -> list[tuple[int, dict]]:
+    """(pgid, pid file) of every engine up in this test's state dir."""
+    out = []
+    for pf in process.state_dir().glob("*.json"):
+        try:
+            info = json.loads(pf.read_text())
+            out.append((int(info["pgid"]), info))
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
 
 
 def _loads(exp: Path) -> int:

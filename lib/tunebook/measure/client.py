@@ -297,6 +297,18 @@ def metrics_row(result: dict[str, Any], point: LoadPoint) -> dict[str, Any]:
     return {k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
 
 
+def e2e_latency(result: dict[str, Any], i: int) -> float | None:
+    """Request i's end-to-end latency, s: vLLM's `latencies` where the result has them, else
+    its TTFT plus its inter-token gaps (what vLLM measures it as, streaming: vLLM 0.26's
+    client returns no `latencies`); None when it has neither."""
+    lats, ttfts, itls = (result.get(k) or [] for k in ("latencies", "ttfts", "itls"))
+    if i < len(lats) and lats[i] is not None:
+        return float(lats[i])
+    if i < len(ttfts) and i < len(itls) and itls[i] is not None:
+        return ttfts[i] + sum(itls[i])
+    return None
+
+
 def slo_attainment(result: dict[str, Any], goodput: str) -> float | None:
     """The share of the requests sent that met every bound of `goodput` (vLLM's --goodput
     text, "ttft:2000 tpot:100 e2el:20000", ms). vLLM's definition of a good request: it
@@ -306,9 +318,8 @@ def slo_attainment(result: dict[str, Any], goodput: str) -> float | None:
     `latencies` where the result has them, else its TTFT plus its inter-token gaps (what vLLM
     measures it as, streaming); None when a request that succeeded has neither."""
     bounds = {k: float(v) / 1000 for k, v in (b.split(":") for b in goodput.split())}
-    ttfts, lats = result.get("ttfts") or [], result.get("latencies") or []
+    ttfts = result.get("ttfts") or []
     outs, errors = result.get("output_lens") or [], result.get("errors") or []
-    itls = result.get("itls") or []
     n = max(len(ttfts), len(errors))
     if not n:
         return None
@@ -317,11 +328,8 @@ def slo_attainment(result: dict[str, Any], goodput: str) -> float | None:
         if i >= len(ttfts) or (errors[i] if i < len(errors) else "") \
                 or i >= len(outs) or not outs[i]:
             continue
-        if i < len(lats) and lats[i] is not None:
-            e2el = lats[i]
-        elif i < len(itls) and itls[i] is not None:
-            e2el = ttfts[i] + sum(itls[i])
-        else:
+        e2el = e2e_latency(result, i)
+        if e2el is None:
             return None
         tpot = (e2el - ttfts[i]) / (outs[i] - 1) if outs[i] > 1 else 0.0
         values = {"ttft": ttfts[i], "tpot": tpot, "e2el": e2el}

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tunebook.measure.client import e2e_latency
+
 SAMPLE_EVERY_S = 0.1
 WRAP_MJ = 2**64  # the counter is an unsigned 64-bit count of millijoules
 NEAR_TOP_MJ = WRAP_MJ - 2**32  # an earlier value above this that comes back small: a wrap
@@ -151,17 +153,10 @@ def measured_window(result: dict[str, Any]) -> tuple[float, float] | None:
     seconds: its `start_times` plus each request's e2e latency (`latencies`, else TTFT plus
     the inter-token gaps, as vLLM 0.26 gives them). None when the result has no times."""
     starts = result.get("start_times") or []
-    lats, ttfts, itls = (result.get(k) or [] for k in ("latencies", "ttfts", "itls"))
     ends = []
     for i, s in enumerate(starts):
-        if not s:
-            continue
-        if i < len(lats) and lats[i]:
-            ends.append(s + lats[i])
-        elif i < len(ttfts) and ttfts[i]:
-            ends.append(s + ttfts[i] + sum(itls[i] if i < len(itls) and itls[i] else []))
-        else:
-            ends.append(s)  # a request that failed at once: it was sent then
+        if s:  # a request that failed at once (no latency): it ended when it was sent
+            ends.append(s + (e2e_latency(result, i) or 0.0))
     sent = [s for s in starts if s]
     if not sent or not ends:
         return None

@@ -124,7 +124,7 @@ class Sweep:
         rows = self.store.rows() if rows is None else rows
         since = self.options.since or measurements.since_from_env()
         if since:  # a new dated measurement: what earlier ones measured is kept, not reused
-            rows = [r for r in rows if str(r.get("started_at") or "") >= since]
+            rows = [r for r in rows if measurements.inside(r, since)]
         return Resume.from_rows(rows, hardware.vllm_version(), statuses)
 
     def done(self) -> set[str]:

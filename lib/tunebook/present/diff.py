@@ -30,7 +30,7 @@ import pandas as pd
 
 from tunebook import figures
 from tunebook.core import schema
-from tunebook.results import stats
+from tunebook.results import measurements, stats
 from tunebook.results.evidence import Evidence, load_evidence
 from tunebook.results.store import ok_rows, rows_to_frame
 
@@ -79,13 +79,11 @@ class Side:
         if not ev.records:
             raise DiffError(f"{self.root}: no stored run")
 
-        def keep(row: Mapping[str, Any]) -> bool:
-            started = str(row.get("started_at") or "")
-            return ((not self.version or schema.vllm_version_of(dict(row)) == self.version)
+        def keep(row: dict[str, Any]) -> bool:
+            return ((not self.version or schema.vllm_version_of(row) == self.version)
                     and (not self.config or self.config in (row.get("engine_label"),
                                                             row.get("engine_config_id")))
-                    and (not self.since or started >= self.since)
-                    and (not self.until or started < self.until))
+                    and measurements.inside(row, self.since or None, self.until or None))
 
         records = [r for r in ev.records if keep(r.get("row") or {})]
         if not records:
@@ -183,6 +181,18 @@ def worst(table: pd.DataFrame, worse_than_pct: float = 0.0) -> pd.DataFrame:
     bad = table[table["verdict"] == WORSE]
     change = (bad["ratio"] - 1).abs() * 100
     return bad[change > worse_than_pct]
+
+
+def summary(table: pd.DataFrame, figs: pd.DataFrame, worse_than_pct: float = 0.0
+            ) -> dict[str, Any]:
+    """What a scheduler acts on, as JSON: the exit code, the verdict counts, what got worse
+    beyond `worse_than_pct` (with its interval) and the figures whose verdict changed."""
+    worse = worst(table, worse_than_pct)
+    return {"exit_code": exit_code(table, worse_than_pct),
+            "counts": table["verdict"].value_counts().to_dict(),
+            "worse": worse[["load", "metric", "ratio", "ratio_low", "ratio_high"]]
+            .to_dict("records"),
+            "figures_changed": figs[figs["changed"]].to_dict("records")}
 
 
 def exit_code(table: pd.DataFrame, worse_than_pct: float = 0.0) -> int:

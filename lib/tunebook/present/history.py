@@ -44,8 +44,7 @@ def series(root: Path, metrics: tuple[str, ...] = METRICS) -> pd.DataFrame:
     rows = []
     for m in ms:
         start, end = measurements.window(root, m.started)
-        inside = [r["row"] for r in records
-                  if start <= str(r["row"].get("started_at") or "") < (end or "\uffff")]
+        inside = [r["row"] for r in records if measurements.inside(r["row"], start, end)]
         if not inside:
             continue
         df = ok_rows(rows_to_frame(inside))

@@ -82,6 +82,13 @@ def previous(root: Path, started: str) -> Measurement | None:
     return earlier[-1] if earlier else None
 
 
+def inside(row: dict[str, Any], since: str | None = None, until: str | None = None) -> bool:
+    """Whether a row's attempt began in [since, until) (None: unbounded on that side): the
+    one rule for which measurement, or which window of a diff, an attempt belongs to."""
+    started = str(row.get("started_at") or "")
+    return (since is None or started >= since) and (until is None or started < until)
+
+
 def since_from_env() -> str | None:
     return os.environ.get(SINCE_ENV) or None
 
