@@ -13,8 +13,10 @@ Engine starts are the cost, so each start method is one sweep: the engine of eac
 replacement of the case before (10 cases, 11 engines, 3 of them cut short), eager (no compile)
 and one user of short answers. A plain start costs about seven forked ones here (vLLM is
 imported again by each of its three processes: ~50 s against ~8 s), so `make test` runs the
-whole matrix forked (~125 s) and, with plain starts, the case the issue found broken (ONE_CASE:
-a spawned engine core's death is seen by vLLM, which stops its API server; two starts);
+whole matrix forked (~105 s) and, with plain starts, the case the issue found broken (ONE_CASE:
+a spawned engine core's death is seen by vLLM, which stops its API server); there the engine
+that replaces the killed one is forked (REPLACE_FORKED: what the case tests is the plain
+engine's death and that a replacement comes, not a second plain start's 35 s);
 `make test-faults` (TUNEBOOK_FULL_FAULT_MATRIX=1) runs every case with every method, the API
 server forked (the GPU default, its engine core spawned) included. The kills
 between two points happen inside the sweep's
@@ -32,6 +34,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -41,6 +44,7 @@ import yaml
 from tunebook.inputs import params as P
 from tunebook.measure.sweep import Sweep, SweepOptions
 from tunebook.servers import process, shm
+from tunebook.servers.launcher import FAST_START_ENV
 from tunebook.servers.watchdog import SCAN_EVERY_S
 
 pytestmark = pytest.mark.engine
@@ -63,6 +67,8 @@ RUN_TIMEOUT_S = 20  # a point here takes ~2 s; 8 s was once too little for the f
 # no engine replaced them)
 ONE_CASE = [("point", "engine core")]
 FULL_ENV = "TUNEBOOK_FULL_FAULT_MATRIX"
+# make test's plain case: after the kill, starts are forked (the matrix keeps plain ones)
+REPLACE_FORKED = "1"
 # TUNEBOOK_FAST_START, and the start_method of every row, per method
 METHODS = {"forked": ("1", "launcher+fork"), "api": ("api", "launcher"), "plain": ("0", "exec")}
 
@@ -91,8 +97,9 @@ class Case:
 class Killer:
     """Walks CASES as the sweep goes: each case kills one process of the engine up then."""
 
-    def __init__(self, exp: Path, cases: list[tuple[str, str]]):
+    def __init__(self, exp: Path, cases: list[tuple[str, str]], then_env: str | None = None):
         self.exp = exp
+        self.then_env = then_env  # TUNEBOOK_FAST_START for the starts after the first kill
         self.cases = [Case(m, r) for m, r in cases]
         self.i = 0
         self.seen: set[int] = set()  # engines (pgids) already used by a case
@@ -141,6 +148,8 @@ class Killer:
         case.pgid, case.pid, case.killed_at = pgid, pid, time.time()
         self.pidfd = os.pidfd_open(pid)
         os.kill(pid, signal.SIGSTOP if case.moment == "hang" else signal.SIGKILL)
+        if self.then_env is not None:  # read by the launcher at the replacement's start
+            os.environ[FAST_START_ENV] = self.then_env
         self.seen.add(pgid)
         self.i += 1
         self.loads = _loads(self.exp)  # a start case, for the next engine's weights
@@ -215,6 +224,11 @@ def _pid_files() -> list[tuple[int, dict]]:
     return out
 
 
+def _at(row: dict) -> float:
+    """When a row's run began (its started_at), as a Unix time."""
+    return datetime.fromisoformat(row["started_at"].replace("Z", "+00:00")).timestamp()
+
+
 def _loads(exp: Path) -> int:
     """Weight loads begun (the worker's first line of it), every engine of the sweep."""
     return sum(p.read_text(errors="replace").count("Starting to load model")
@@ -251,7 +265,8 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
         "repeats": points, "startup_timeout_s": 300, "run_timeout_s": RUN_TIMEOUT_S}))
     exp = tmp_path / "deaths"
     segments_before = _segments()
-    killer = Killer(exp, cases)
+    replace_forked = method == "plain" and cases == ONE_CASE
+    killer = Killer(exp, cases, then_env=REPLACE_FORKED if replace_forked else None)
     t = threading.Thread(target=killer.run, daemon=True)
     t.start()
     sweep = Sweep(P.load(params), tmp_path, SweepOptions(progress=False,
@@ -322,7 +337,13 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
     again = Sweep(P.load(params), tmp_path, SweepOptions(progress=False))
     todo = {r.run_id for r in again.plan.runs} - again.done()
     assert todo == {r["row"]["run_id"] for r in interrupted}
-    assert {r["start_method"] for r in rows} == {METHODS[method][1]}, rows
+    if replace_forked:  # the killed engine's rows plain, the replacement's forked
+        killed_at = killer.cases[0].killed_at
+        assert {r["start_method"] for r in rows if _at(r) < killed_at} == {METHODS[method][1]}
+        assert {r["start_method"] for r in rows if _at(r) > killed_at} == \
+            {METHODS["forked"][1]}, rows
+    else:
+        assert {r["start_method"] for r in rows} == {METHODS[method][1]}, rows
     print(f"\n{method}: " + "; ".join(
         f"{c.moment}/{c.role}: " + (f"row found after {c.found_after_s:.2f}s, " if c.said else "")
         + f"replaced after {c.replaced_after_s:.1f}s" for c in killer.cases))

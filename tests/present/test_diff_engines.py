@@ -2,7 +2,7 @@
 experiment — the session's engine config, then the params edited behind the scheduler's back
 to one sequence at a time (eager), then that again. The second is worse beyond noise than the
 first (exit 4, changes__*.json, `tunebook diff` on the two windows exits 1); the third is
-within noise of the second on every metric (the same config and vLLM version, three repeats
+within noise of the second on every metric (the same config and vLLM version, REPEATS repeats
 each: exit 0); the history marks one step, at the second, naming the engine config that
 changed, and none at the third."""
 
@@ -26,13 +26,18 @@ from tunebook.results import measurements
 
 pytestmark = pytest.mark.engine
 
+# Runs of a third of a second on the shared engine vary 3x on 2 busy cores (393, 918, 325
+# tok/s once): with three a side, the family-wise interval of the ratio reached past 1 and
+# the slow config was "within noise". Five a side: t(4) instead of t(2), for ~8 s more.
+REPEATS = 5
+
 
 def _params(engine: dict[str, Any]) -> P.SweepParams:
     return P.parse({"experiment": "nightly", **SHARED_ENGINE,
                     "engine": {**SHARED_ENGINE["engine"], **engine},
                     "load": {"users": [8], "input_len": 64, "output_len": 24,
                              "prompts_per_user": 1, "num_warmups": 1},
-                    "repeats": 3}, source="nightly.yaml")
+                    "repeats": REPEATS}, source="nightly.yaml")
 
 
 def test_three_measurements_the_step_at_the_second(tmp_path: Path,
@@ -48,7 +53,7 @@ def test_three_measurements_the_step_at_the_second(tmp_path: Path,
         sweep = shared_engine.sweep(params, tmp_path, since=m.started) if shared else \
             Sweep(params, tmp_path, SweepOptions(progress=False, since=m.started, keeper=kept))
         result = sweep.run()
-        assert (result.ok, result.failed) == (3, 0)
+        assert (result.ok, result.failed) == (REPEATS, 0)
         return cli._again_end(args, root, m, {r.run_id for r in sweep.plan.runs})
 
     slow = _params({"max_num_seqs": 1, "enforce_eager": True})
@@ -76,7 +81,9 @@ def test_three_measurements_the_step_at_the_second(tmp_path: Path,
     table, _ = diff.run(diff.Side(root, until=ms[1].started),
                         diff.Side(root, since=ms[1].started, until=ms[2].started))
     tok = table.set_index("metric").loc["output_tok_s"]
-    assert tok["verdict"] == diff.WORSE and tok["ratio_high"] < 0.8, tok
+    # the claim is the verdict: the whole interval of the ratio below 1 (three short runs a side
+    # on 2 shared cores: its upper end has been 0.88 in CI, so no tighter bound is claimed)
+    assert tok["verdict"] == diff.WORSE and tok["ratio_high"] < 1.0, tok
     assert cli.main(["diff", str(root), *window, "--worse-than", "10000"]) == diff.EXIT_SAME
 
     found = history.steps(root)

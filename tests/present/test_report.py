@@ -13,6 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from conftest import Replot
 from tunebook.cli import EXIT_OK, main
 from tunebook.core import config
 from tunebook.present import report
@@ -27,17 +28,18 @@ def _machine_paths(tmp: Path) -> list[str]:
     return sorted(found)
 
 
-@pytest.fixture(scope="module")
-def replotted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`tunebook run params/ch01.yaml --outputs <copy of outputs/cpu> --replot`: the CPU
-    chapter 1 notebook executed again on its stored rows, outside the project folder."""
-    root = tmp_path_factory.mktemp("shared") / "cpu"
-    shutil.copytree(REPO / "outputs" / "cpu", root)
-    assert main(["run", str(REPO / "params" / "ch01.yaml"), "--outputs", str(root),
-                 "--replot", "-q"]) == EXIT_OK
-    return root
+@pytest.fixture
+def replotted(replots: dict[str, Replot]) -> Path:
+    """`tunebook run params/ch01.yaml --outputs <copy of outputs/cpu/ch01> --replot`: the CPU
+    chapter 1 notebook executed again on its stored rows, outside the project folder (the
+    session's background replot, which test_chapters_cpu reads too: one replot, ~10 s)."""
+    r = replots["cpu-ch01"]
+    rc, out = r.wait()
+    assert rc == EXIT_OK, out[-3000:]
+    return r.outputs
 
 
+@pytest.mark.replot("cpu-ch01")
 def test_replotted_report_shows_no_machine_path(replotted: Path) -> None:
     exp = replotted / "ch01"
     ipynb = report.latest_notebook(exp)
@@ -55,10 +57,11 @@ def test_replotted_report_shows_no_machine_path(replotted: Path) -> None:
     shown = "/".join(replotted.parts[-2:])
     assert params["outputs"] == shown and f'outputs = "{shown}"' in injected.source
     # the header names the results folder without a machine's layout (its last parts)
-    assert re.search(r"Results: <code>[\w.-]+(/[\w.-]+)*/cpu/ch01</code>|Results: <code>cpu/ch01"
-                     r"</code>", (exp / "report.html").read_text())
+    assert re.search(rf"Results: <code>{re.escape(replotted.name)}/ch01</code>",
+                     (exp / "report.html").read_text())
 
 
+@pytest.mark.replot("cpu-ch01")
 def test_a_replot_keeps_one_notebook_and_no_html_copy(replotted: Path) -> None:
     """The replot is `<nb>__<utc>.replot.ipynb`, with no HTML beside it (report.html is the one
     HTML); the sweep's notebooks stay, and so do an old experiment's HTML copies; the committed
@@ -135,6 +138,7 @@ def test_scrub_keeps_whole_path_components() -> None:
         "params/a.yaml /srv/project/x . ~/.cache/m '~'")
 
 
+@pytest.mark.replot("cpu-ch01")
 def test_report_files_are_readable_by_others(replotted: Path) -> None:
     """What the replot wrote (the copied files keep their modes): the mode open() gives."""
     exp = replotted / "ch01"
