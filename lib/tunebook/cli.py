@@ -552,6 +552,33 @@ def cmd_engines(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_vllm(args: argparse.Namespace) -> int:
+    """vLLM releases beside the installed one (tunebook.servers.versions): list, add, remove."""
+    from tunebook.servers import versions
+
+    dist, current = versions.installed()
+    if args.action == "add":
+        try:
+            for v in args.versions:
+                if v != current:
+                    versions.add(v)
+        except versions.VersionError as e:
+            print(f"tunebook: {e}", file=sys.stderr)
+            return EXIT_BAD_PARAMS
+    elif args.action == "remove":
+        for v in args.versions:
+            print(f"vLLM {v}: {'removed' if versions.remove(v) else 'not installed beside'}")
+        return EXIT_OK
+    print(f"{dist} {current}: installed (tunebook runs on it)")
+    for info in versions.listed():
+        extra = ", ".join(f"{k} {v}" for k, v in info["packages"].items()
+                          if k != info["distribution"])
+        print(f"{info['distribution']} {info['version']}: beside it in "
+              f"{versions.folder(info['version'])} ({info['bytes'] / 2**20:,.0f} MiB; "
+              f"with {extra or 'nothing else'})")
+    return EXIT_OK
+
+
 def cmd_compact(args: argparse.Namespace) -> int:
     """Convert experiments written inline, in place (tunebook.results.compact): each under
     its experiment lock, as a sweep takes it; the logs of engines still running left plain;
@@ -741,6 +768,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="instead: the start-up phases of every engine start stored under "
                          "these folders (an experiment, or e.g. outputs/h200)")
     sp.set_defaults(fn=cmd_engines)
+    sp = sub.add_parser("vllm", help="vLLM releases installed beside this one, for the "
+                                     "`vllm` engine knob (engine_grid: [{}, {vllm: \"0.31.0\"}])")
+    sp.add_argument("action", nargs="?", choices=("list", "add", "remove"), default="list")
+    sp.add_argument("versions", nargs="*", metavar="VERSION", help="e.g. 0.31.0")
+    sp.set_defaults(fn=cmd_vllm)
     sp = sub.add_parser("compact", help="store experiments compact, in place: each run's "
                                         "per-request arrays in a Parquet file beside its JSON, "
                                         "engine logs gzipped (each proven equal first), "

@@ -102,7 +102,15 @@ _PANEL_BOOL = dict(types=bool, allowed="true or false", panel="choice", panel_ch
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
 QUANTIZATIONS = ("fp8", "awq", "gptq", "compressed-tensors", "modelopt", "mxfp4")
-ENGINE_KINDS = ("vllm", "sglang")  # tunebook.servers.sglang.ENGINE_KINDS reads this one
+ENGINE_KINDS = ("vllm", "sglang")
+VERSION_RE = re.compile(r"^\d+\.\d+\.\d+([.+-]?[0-9A-Za-z.+-]*)$")  # a release: 0.31.0, 0.32.0rc1
+VLLM, SGLANG = ENGINE_KINDS
+
+
+def engine_kind(knobs: Mapping[str, Any]) -> str:
+    """The engine a config starts: its `engine_kind` knob, vLLM when unset (tunebook.servers.kinds
+    asks this, one kind per name)."""
+    return knobs.get("engine_kind") or VLLM
 
 _TABLE: tuple[Knob, ...] = (
     Knob("max_num_seqs", example=8, panel="int", **_POS_INT),
@@ -151,6 +159,10 @@ _TABLE: tuple[Knob, ...] = (
     # (tunebook.servers.sglang maps the other knobs onto SGLang's flags and refuses what has no
     # match).
     Knob("engine_kind", str, _one_of(ENGINE_KINDS), "vllm", choices=ENGINE_KINDS, flag=False),
+    # Not a flag: which vLLM release serves the config (tunebook.servers.versions installs one
+    # beside the running vLLM): engine_grid: [{}, {vllm: "0.31.0"}] compares two versions.
+    Knob("vllm", str, 'a vLLM release in quotes, e.g. "0.31.0"', "0.31.0",
+         check=lambda v: bool(VERSION_RE.match(v)), flag=False),
     # Not a flag: an engine_grid entry may swap the model (compare models in one experiment).
     Knob("model", str, "a preset, a local folder or a hub id", "qwen3-tiny",
          check=lambda v: bool(v.strip()), flag=False),

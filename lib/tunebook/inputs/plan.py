@@ -78,16 +78,21 @@ class Resume:
         """From stored rows: the attempts whose status is in ``statuses`` count (None: any)."""
         wanted = None if statuses is None else set(statuses)
         versions: dict[str, set[str | None]] = {}
+        pinned: dict[str, str] = {}  # run_id -> the release its config asks for (`vllm` knob)
         for row in rows:
             if wanted is None or row.get("status") in wanted:
-                versions.setdefault(str(row["run_id"]), set()).add(schema.vllm_version_of(row))
+                run_id = str(row["run_id"])
+                versions.setdefault(run_id, set()).add(schema.vllm_version_of(row))
+                if isinstance(row.get("vllm"), str):
+                    pinned[run_id] = row["vllm"]
         done: dict[str, str | None] = {}
         rerun: dict[str, tuple[str | None, ...]] = {}
         for run_id, seen in versions.items():
-            if installed is None:
+            want = pinned.get(run_id, installed)
+            if want is None:
                 done[run_id] = max((v for v in seen if v), default=None)
-            elif installed in seen:
-                done[run_id] = installed
+            elif want in seen:
+                done[run_id] = want
             else:
                 rerun[run_id] = tuple(sorted(seen, key=str))
         return cls(installed, done, rerun)

@@ -83,10 +83,10 @@ def record_of(run: PlannedRun, server: Server, ctx: PointContext, out: Outcome) 
         "started_at": out.started or utc_now(), "finished_at": utc_now(),
         "model": run.engine.model, "load_format": ctx.model.load_format if ctx.model else None,
         **run.point.as_row(), "seed": out.seed,
+        **hardware.machine(),  # before the server's: an engine of another vLLM names it
         **(out.metrics or {}), **(out.row_extra or {}), **server.row(),
         **cost.columns(ctx.params.section(cost.SECTION), run.engine.knobs, out.metrics or {}),
         "error": out.error, "error_line": out.error_line, "error_hint": out.error_hint,
-        **hardware.machine(),
         **run.engine.knobs,
     }
     return {"row": row, "engine": server.record(ctx.store_root),

@@ -10,6 +10,7 @@ in tunebook.measure or tunebook.inputs changes.
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from tunebook.core import knobs as knob_table
-from tunebook.models.presets import ModelRef, spec_problem
-from tunebook.servers import disagg, sglang
+from tunebook.models.presets import ModelRef
+from tunebook.servers import disagg, sglang, versions, vllm
 from tunebook.servers.base import Checker, Server, ServerOptions
 from tunebook.servers.sglang import SGLangServer
 from tunebook.servers.vllm import Engine, resolve_draft
@@ -95,10 +96,10 @@ def _shared_problems(cfg: Mapping[str, Any], together: int) -> Problems:
 
 
 class VllmKind(ServerKind):
-    name = sglang.VLLM
+    name = knob_table.VLLM
 
     def claims(self, knobs: Mapping[str, Any]) -> bool:
-        return sglang.kind_of(knobs) == sglang.VLLM
+        return knob_table.engine_kind(knobs) == knob_table.VLLM
 
     def server(self, model: ModelRef, knobs: Mapping[str, Any], env: Mapping[str, str],
                log_path: Path, start: StartSettings) -> Server:
@@ -107,43 +108,17 @@ class VllmKind(ServerKind):
         return e
 
     def problems(self, knobs: Mapping[str, Any], together: int = 1) -> Problems:
-        out: Problems = []
-        spec = knobs.get("speculative_config")
-        if isinstance(spec, dict):
-            method = spec.get("method")
-            methods = knob_table.SPEC_METHODS
-            if method not in methods:
-                out.append(("speculative_config.method",
-                            f"must be one of {tuple(methods)}, got {knob_table.short(method)}"))
-            n = spec.get("num_speculative_tokens")
-            if n is None:
-                out.append(("speculative_config.num_speculative_tokens",
-                            "is required: tokens drafted per step, a positive integer such as 3"))
-            elif isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-                out.append(("speculative_config.num_speculative_tokens",
-                            "must be a positive integer (tokens drafted per step), got "
-                            f"{knob_table.short(n)}"))
-            draft = spec.get("model")
-            if method in methods and methods[method].needs_draft_model and not draft:
-                out.append(("speculative_config.model",
-                            f"method {method!r} needs a draft model (a hub id or local folder)"))
-            why = spec_problem(draft) if isinstance(draft, str) and draft else None
-            if why:
-                out.append(("speculative_config.model", f"{draft!r} is no draft model: {why} "
-                                                        "(a preset, a local folder with "
-                                                        "config.json, or a hub id)"))
-        return out + _shared_problems(knobs, together)
+        return vllm.problems(knobs) + _shared_problems(knobs, together)
 
     def serve_lines(self, model: str, knobs: Mapping[str, Any]) -> list[str]:
-        flags = knob_table.argv(dict(knobs))
-        return [" ".join(["vllm serve", model, *flags]) + ("" if flags else " (vLLM defaults)")]
+        return [vllm.serve_command(model, knobs)]
 
 
 class SGLangKind(ServerKind):
-    name = sglang.SGLANG
+    name = knob_table.SGLANG
 
     def claims(self, knobs: Mapping[str, Any]) -> bool:
-        return sglang.kind_of(knobs) == sglang.SGLANG
+        return knob_table.engine_kind(knobs) == knob_table.SGLANG
 
     def server(self, model: ModelRef, knobs: Mapping[str, Any], env: Mapping[str, str],
                log_path: Path, start: StartSettings) -> Server:
@@ -182,7 +157,7 @@ class PairKind(ServerKind):
         `disaggregate.<role>.`); its two engines start side by side: pinned pools welcome."""
         out = disagg.pair_problems(knobs)
         roles = disagg.engines_of(knobs)
-        if any(sglang.kind_of(role) != sglang.VLLM for _, role in roles):
+        if any(knob_table.engine_kind(role) != knob_table.VLLM for _, role in roles):
             out.append(("engine_kind", "a disaggregated pair is two vLLM engines joined by "
                                        "vLLM's KV connector: SGLang cannot be one of them"))
         for prefix, role in roles:
@@ -231,3 +206,7 @@ def preflight(configs: list[Mapping[str, Any]], here: bool = True) -> None:
         resolve_draft(dict(knobs))
     if here:
         sglang.require_installed(configs)
+        # another vLLM release a config names: installed beside this one now, once
+        for version in sorted({k["vllm"] for k in configs if k.get("vllm")}):
+            if not versions.ready(version):
+                versions.add(version, say=lambda s: print(s, file=sys.stderr))

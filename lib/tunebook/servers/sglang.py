@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunebook.core.knobs import ENGINE_KINDS
+from tunebook.core.knobs import SGLANG as SGLANG
+from tunebook.core.knobs import VLLM as VLLM
+from tunebook.core.knobs import engine_kind as kind_of  # noqa: F401 - ch05 and tests read it here
 from tunebook.servers.base import HOST, SERVED_NAME
 from tunebook.servers.process import RESET_BUSY, RESET_FAILED, RESET_OK, ProcessServer
 from tunebook.servers.sglang_launch import (
@@ -38,16 +40,10 @@ from tunebook.servers.startup import (
     strip_ansi,
 )
 
-VLLM, SGLANG = ENGINE_KINDS
 SGLANG_MODULE = "sglang.launch_server"
 # The server is started through this shim, which hands it the API key from the environment
 # (SGLang takes the key only as --api-key: a command line every user can read).
 LAUNCHER = "tunebook.servers.sglang_launch"
-
-
-def kind_of(knobs: Mapping[str, Any]) -> str:
-    """The engine a config starts: its `engine_kind` knob, vLLM when unset."""
-    return knobs.get("engine_kind") or VLLM
 
 
 # Folders put first on the SGLang server's PYTHONPATH only (the device's SGLang bundle pins
@@ -158,6 +154,7 @@ REFUSED: Mapping[str, str] = {
                         "(--disable-overlap-schedule turns it off), which is not the same knob",
     "enable_logging_iteration_details": "vLLM's per-step log line (Fig 8.2)",
     "scheduler_cls": "a vLLM Scheduler subclass (Fig 8.3)",
+    "vllm": "which vLLM release serves a vLLM engine (tunebook.servers.versions)",
     "kv_transfer_config": "vLLM's KV connector (Fig 6.2)",
 }
 # Not engine flags (tunebook's own, or handled by the engine's start): never mapped.

@@ -15,13 +15,15 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tunebook.core import knobs as knob_table
-from tunebook.models.presets import PRESETS, ModelRef, resolve_model
+from tunebook.models.presets import PRESETS, ModelRef, resolve_model, spec_problem
+from tunebook.servers import versions
 from tunebook.servers.base import HOST, KEEP_ALIVE_S, SERVED_NAME
 from tunebook.servers.process import (
     DEV_MODE_ENV,
@@ -41,6 +43,47 @@ def knob_flags(knobs: dict[str, Any]) -> list[str]:
     """vLLM flags for engine knobs (tunebook.core.knobs renders them). None means "vLLM's
     default": no flag."""
     return knob_table.argv(knobs)
+
+
+def problems(knobs: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What vLLM itself would refuse in a config, said before it starts (tunebook.servers.kinds
+    adds the rules every kind shares): a speculative config it cannot run."""
+    out: list[tuple[str, str]] = []
+    spec = knobs.get("speculative_config")
+    if isinstance(spec, dict):
+        method = spec.get("method")
+        methods = knob_table.SPEC_METHODS
+        if method not in methods:
+            out.append(("speculative_config.method",
+                        f"must be one of {tuple(methods)}, got {knob_table.short(method)}"))
+        n = spec.get("num_speculative_tokens")
+        if n is None:
+            out.append(("speculative_config.num_speculative_tokens",
+                        "is required: tokens drafted per step, a positive integer such as 3"))
+        elif isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            out.append(("speculative_config.num_speculative_tokens",
+                        "must be a positive integer (tokens drafted per step), got "
+                        f"{knob_table.short(n)}"))
+        draft = spec.get("model")
+        if method in methods and methods[method].needs_draft_model and not draft:
+            out.append(("speculative_config.model",
+                        f"method {method!r} needs a draft model (a hub id or local folder)"))
+        why = spec_problem(draft) if isinstance(draft, str) and draft else None
+        if why:
+            out.append(("speculative_config.model", f"{draft!r} is no draft model: {why} "
+                                                    "(a preset, a local folder with "
+                                                    "config.json, or a hub id)"))
+    return out
+
+
+def serve_command(model: str, knobs: Mapping[str, Any]) -> str:
+    """The command a person would type to start this config by hand (with the vLLM release
+    it names, if it names one)."""
+    flags = knob_table.argv(dict(knobs))
+    said = [] if flags else ["vLLM defaults"]
+    if knobs.get("vllm"):
+        said.append(f"vLLM {knobs['vllm']}")
+    return " ".join(["vllm serve", model, *flags]) + (f" ({', '.join(said)})" if said else "")
 
 
 def resolve_draft(knobs: dict[str, Any]) -> dict[str, Any]:
@@ -102,6 +145,19 @@ class Engine(ProcessServer):
         out = {KEEP_ALIVE_ENV: keep}
         if self.scratch is not None and RPC_PATH_ENV not in self.env:
             out[RPC_PATH_ENV] = str(self.scratch)
+        # another vLLM release (the `vllm` knob): its folder first on the path. The launcher
+        # keys on PYTHONPATH, so this version forks from a launcher that imported it.
+        if (path := versions.pythonpath(self.knobs.get("vllm"))) is not None:
+            out["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
+        return out
+
+    def row(self) -> dict[str, Any]:
+        """The start's columns; an engine of another vLLM release (the `vllm` knob) names
+        that release as the row's vLLM (vllm_package), not the one tunebook runs on."""
+        out = super().row()
+        version = self.knobs.get("vllm")
+        if version is not None and not versions.is_installed(version):
+            out["vllm_package"] = f"{versions.installed()[0]} {version}"
         return out
 
     def reset_answer(self, status: int, text: str) -> tuple[str, str]:
