@@ -8,7 +8,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from tunebook.charts.plots import HEIGHT, WIDTH, axis_title, labelled, titled
+from tunebook.charts.base import HEIGHT, WIDTH, axis_title, labelled, titled
 from tunebook.results.store import ok_rows
 
 COSTS = ("usd_per_m_output_tok", "energy_per_output_tok_j")  # the first a table has

@@ -16,7 +16,8 @@ from pathlib import Path
 import altair as alt
 import pandas as pd
 
-from tunebook.charts.plots import HEIGHT, WIDTH, axis_title, offline_html, titled
+from tunebook.charts.base import HEIGHT, WIDTH, axis_title, titled
+from tunebook.charts.export import offline_html
 from tunebook.present import diff
 from tunebook.results import measurements, stats
 from tunebook.results.store import Store, ok_rows, rows_to_frame

@@ -2,8 +2,8 @@
 replay speed) beside what was sent (vLLM's per-request arrays in each run's JSON), and the
 prefix cache the trace's hash ids predict beside the engine's own hit counts.
 
-Frames, one row per request (`asked`, `sent`) or per run (`prefix_hits`); tunebook.charts.plots
-draws them (`workload_profile`).
+Frames, one row per request (`asked`, `sent`) or per run (`prefix_hits`);
+tunebook.charts.workload draws them (`workload_profile`).
 """
 
 from __future__ import annotations
