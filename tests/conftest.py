@@ -42,7 +42,9 @@ if str(LIB) not in sys.path:
 # The reference machines committed under outputs/ (.gitignore un-ignores exactly these; the
 # user's own machine folder, which `make demo` writes, is not one: tests that read "every
 # committed report" read these alone, whatever the user ran before the suite).
-COMMITTED_MACHINES = ("cpu", "h100", "h200")
+# cpu-xeon-vllm0.31.0 and cpu-xeon-vllm0.32.0: chapters 1-3 on one Xeon box with each release
+# (the `vllm` knob; issue 47), beside the cpu reference machine (an EPYC, 0.32.0).
+COMMITTED_MACHINES = ("cpu", "cpu-xeon-vllm0.31.0", "cpu-xeon-vllm0.32.0", "h100", "h200")
 
 
 def committed(pattern: str) -> list[Path]:

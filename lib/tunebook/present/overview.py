@@ -217,6 +217,26 @@ def _figure_html(fig: str) -> str:
                "</details>" if rule else "") + "</td>")
 
 
+def vllm_versions(experiments: list[Path]) -> list[str]:
+    """The vLLM releases that served these experiments (their rows' vllm_version, read alone
+    from each results table): a column of the page names the releases it judged, so a
+    folder of runs on another release (e.g. cpu-xeon-vllm0.31.0, made with
+    `-p engine.vllm '"0.31.0"'`) reads as that release beside the machine's own."""
+    import pyarrow.parquet as pq
+
+    seen: set[str] = set()
+    for exp in experiments:
+        table = exp / "results.parquet"
+        try:
+            if table.is_file() and "vllm_version" in pq.read_schema(table).names:
+                seen |= {v for v in pq.read_table(table, columns=["vllm_version"])
+                         .column(0).to_pylist() if v}
+        except (OSError, ValueError):
+            continue
+    return sorted(seen, key=lambda v: tuple(int(x) if x.isdigit() else 0
+                                            for x in v.split(".")[:3]))
+
+
 def to_html(df: pd.DataFrame, root: Path | str, machine_names: list[str] | None = None) -> str:
     """The page, for the claims rows ``df`` (``gather`` or ``claims_files``) of the
     experiments under ``root``."""
@@ -237,8 +257,12 @@ def to_html(df: pd.DataFrame, root: Path | str, machine_names: list[str] | None 
                     + "".join(f"<th>{claims.badge(v)}</th>" for v in shown)
                     + f"</tr>{count_rows}</table>")
     legend = "".join(f"<li>{claims.badge(v)} {e(_MEANING[v])}</li>" for v in shown)
+    # the releases of the experiments whose verdicts a column shows
+    releases = {m: vllm_versions(sorted({root / c.shown.path for (_, mm), c in grid.items()
+                                         if mm == m and c.shown})) for m in names}
     head = "<tr><th>figure: the manual's claim</th>" + "".join(
         f"<th>{e(m)}<div class='hw'>{e('; '.join(hardware[m]))}</div>"
+        + (f"<div class='hw'>vLLM {e(', '.join(releases[m]))}</div>" if releases[m] else "")
         + (f"<div class='hw'><a href='{e(m)}/claims.html'>its claims table ›</a></div>"
            if m and (root / m / "claims.html").is_file() else "") + "</th>"
         for m in names) + "</tr>"
