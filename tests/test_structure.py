@@ -128,10 +128,11 @@ def test_the_committed_machines_are_those_git_keeps() -> None:
 
 
 def test_params_sections_are_owned_by_their_mechanisms() -> None:
-    """A params section lives next to its mechanism (tunebook.inputs.sections): params
+    """A params section lives next to its mechanism (tunebook.core.sections): params
     imports the owner so it registers, and names nothing of it — no key, no attribute — so a
     new section touches its own module alone."""
-    from tunebook.inputs import params, sections
+    from tunebook.core import sections
+    from tunebook.inputs import params
 
     src = Path(params.__file__).read_text()
     assert sections.SECTIONS.names(), "no registered section"

@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tunebook.inputs.sections import SECTIONS, Section
-from tunebook.servers.base import Checker
+from tunebook.core.sections import SECTIONS, Checker, Section
 
 KEYS = ("usd_per_hour", "usd_per_gpu_hour")
 COLUMNS = ("usd_per_hour", "usd_per_m_output_tok", "usd_per_m_total_tok", "output_tok_per_usd")

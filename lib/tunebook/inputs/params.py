@@ -45,6 +45,7 @@ import yaml
 
 from tunebook.core import hardware, knobs
 from tunebook.core.files import FOLDER_NAME
+from tunebook.core.sections import SECTIONS, Section
 from tunebook.inputs import cost  # noqa: F401 - the owners of params sections register them
 from tunebook.inputs.load import (
     BLOCK_REUSE,
@@ -54,12 +55,12 @@ from tunebook.inputs.load import (
     WorkloadRef,
     file_state,
 )
-from tunebook.inputs.sections import SECTIONS, Section
 from tunebook.inputs.workloads import formats as workload_formats
 from tunebook.inputs.workloads.replay import Replay
 from tunebook.models import presets as models
 from tunebook.models.prompts import MIN_INPUT_LEN
 from tunebook.servers import kinds as server_kinds
+from tunebook.servers import launcher  # noqa: F401 - (the start method: fast_start)
 from tunebook.servers.kinds import ENTRY_KINDS
 from tunebook.servers.process import DEV_MODE_ENV
 
@@ -105,7 +106,7 @@ TOP_KEYS = (
     "experiment", "notebook", "model", "description", "engine", "engine_grid", "engine_env",
     "load", "repeats", "max_runs", "max_prompts", "startup_timeout_s", "run_timeout_s", "figures",
     "parts", "start_together", "figures_only", "layout", "slo", "search", "executor",
-    "fast_start", *SECTIONS.names(),
+    *SECTIONS.names(),
 )
 T = TypeVar("T")
 # Keys that plan engines: a figures_only file has none of them.
@@ -279,10 +280,6 @@ class SweepParams:
     # Where engine configs run: "local" (one at a time here), "ray" (a local Ray cluster) or
     # "ray:ADDRESS" (a running one): tunebook.measure.executors.ray_cluster. Not part of any run id.
     executor: str = "local"
-    # Engines forked from a process that has imported vLLM (tunebook.servers.launcher): True,
-    # False, or None (TUNEBOOK_FAST_START decides). How a start is made, not what it measures:
-    # part of no run id; each row says how its engine started (start_method).
-    fast_start: bool | None = None
     # True: the figures need no engine (chapter 6's layout helper): nothing is planned
     figures_only: bool = False
     # Fig 6.1's inputs (tunebook.models.layout.LayoutInputs fields + check_against, machine)
@@ -290,7 +287,7 @@ class SweepParams:
     # `tunebook tune` (tunebook.inputs.slo): the bounds to meet and the space to search
     slo: tuple[str, ...] = ()
     search: dict[str, Any] = field(default_factory=dict)
-    # the sections their mechanisms own (tunebook.inputs.sections): key -> value, set ones only
+    # the sections their mechanisms own (tunebook.core.sections): key -> value, set ones only
     sections: dict[str, Any] = field(default_factory=dict)
     source: str = "<params>"
 
@@ -333,8 +330,6 @@ class SweepParams:
             out["start_together"] = self.start_together
         if self.executor != "local":
             out["executor"] = self.executor
-        if self.fast_start is not None:
-            out["fast_start"] = self.fast_start
         if self.figures_only:
             out = {k: v for k, v in out.items() if k not in ENGINE_KEYS}
             out["figures_only"] = True
@@ -579,7 +574,6 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
     together = start_together if isinstance(start_together, int) else 1
     figures_only = v.get(data, "figures_only", bool, default=False)
     executor = v.get(data, "executor", str, default="local")
-    fast_start = v.get(data, "fast_start", bool, default=None)
     if isinstance(executor, str) and not (executor in ("local", "ray") or (
             executor.startswith("ray:") and executor[4:].strip())):
         v.err("executor", f"must be 'local', 'ray' (a local Ray cluster) or 'ray:ADDRESS' "
@@ -647,7 +641,6 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
         startup_timeout_s=float(startup_timeout_s), run_timeout_s=float(run_timeout_s),
         figures=figures, parts=parts, start_together=start_together,
         executor=executor if isinstance(executor, str) else "local",
-        fast_start=fast_start if isinstance(fast_start, bool) else None,
         figures_only=figures_only is True, layout=layout, slo=slo_bounds, search=search,
         sections=sections, source=source,
     )

@@ -56,6 +56,7 @@ from tunebook.results import machines, measurements
 from tunebook.results.compact import REQUESTS_SUFFIX
 from tunebook.results.store import Store, replace_atomic, stamp, write_new
 from tunebook.servers import kinds as server_kinds
+from tunebook.servers.launcher import FAST_START
 from tunebook.servers.shm import SHM_DIR, SHM_REAP_EVERY_S, reap_shared_memory
 
 
@@ -224,7 +225,7 @@ class Sweep:
     def local_executor(self) -> LocalExecutor:
         """Engine configs run here, from the supply the options ask for."""
         start = server_kinds.StartSettings(timeout_s=self.params.startup_timeout_s,
-                                           fast_start=self.params.fast_start)
+                                           fast_start=self.params.section(FAST_START))
         ctx = SupplyContext(self.store.engine_log_path, start, self.steps, self.starts)
         keeper = self.options.keeper
         supply = (KeptSupply(ctx, keeper) if keeper else

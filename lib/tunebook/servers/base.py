@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from tunebook.core import config
 from tunebook.core.files import replace_atomic
+from tunebook.core.sections import Checker as Checker  # what kinds check params with
 from tunebook.servers import launcher
 from tunebook.servers.start_phases import StartPhases
 from tunebook.servers.startup import Diagnosis, StartupFacts
@@ -114,17 +115,6 @@ class NoWatch:
 
     def end(self) -> tuple[dict[str, Any], dict[str, Any]]:
         return {}, {}
-
-
-class Checker(Protocol):
-    """What tunebook.inputs.params' validator offers a server kind that checks its own part of
-    params (params asks the kinds; the kinds never import params)."""
-
-    def err(self, key: str, msg: str) -> None: ...
-
-    def knobs(self, data: dict, prefix: str, types: bool = True) -> dict[str, Any]: ...
-
-    def unknown(self, data: dict, allowed: Any, prefix: str) -> None: ...
 
 
 class Server(Protocol):

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from tunebook.core.files import replace_atomic
+from tunebook.core.sections import SECTIONS, Checker, Section
 
 FAST_START_ENV = "TUNEBOOK_FAST_START"  # 1: fast starts; api: the API server fork only; 0: plain
 MP_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
@@ -545,6 +546,28 @@ def choose(kind_ok: bool, wanted: bool | None = None) -> Choice:
     if mode != "1" and NVIDIA_DRIVER.exists():
         return Choice(API_FORK, GPU_NO_CORE_FORK)
     return Choice(FULL_FORK)
+
+
+class FastStartSection(Section[bool | None]):
+    """params `fast_start: true | false`: engines forked from a launcher, or plain starts, for
+    one sweep (left out: TUNEBOOK_FAST_START decides, `choose` above). How a start is made,
+    not what it measures: part of no run id; each row says how its engine started."""
+
+    key = "fast_start"
+    default = None
+
+    def read(self, v: Checker, raw: Any) -> bool | None:
+        if not isinstance(raw, bool):
+            v.err(self.key, f"must be a boolean (true: fork engines from a launcher that has "
+                            f"imported vLLM; false: plain starts), got {raw!r}")
+            return None
+        return raw
+
+    def dump(self, value: bool | None) -> Any:
+        return value
+
+
+FAST_START = SECTIONS.add(FastStartSection.key, FastStartSection())
 
 
 def launch(python: str, argv: list[str], env: dict[str, str], log: Path,

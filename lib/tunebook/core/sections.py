@@ -1,19 +1,31 @@
 """A params section owned by its mechanism: the mechanism declares its top-level key, reads and
 checks it, and writes it back; params asks every registered section (SECTIONS) instead of
 knowing each one. A new section is one class next to the code that uses it, registered here
-with `SECTIONS.add`, and imported by tunebook.inputs.params (the owners' list).
+with `SECTIONS.add`, and imported by tunebook.inputs.params (the owners' list). The base lives
+in core so that an owner on any floor below params can declare one (the launcher's
+`fast_start`, in servers; the price, `cost`, in inputs).
 
 A section is how something is measured or priced, never what: no section enters a run id."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from tunebook.core.registry import Registry
-from tunebook.servers.base import Checker
 
 T = TypeVar("T")
+
+
+class Checker(Protocol):
+    """What tunebook.inputs.params' validator offers code that checks its own part of params
+    (a section, a server kind): params asks them; they never import params."""
+
+    def err(self, key: str, msg: str) -> None: ...
+
+    def knobs(self, data: dict, prefix: str, types: bool = True) -> dict[str, Any]: ...
+
+    def unknown(self, data: dict, allowed: Any, prefix: str) -> None: ...
 
 
 class Section(ABC, Generic[T]):
