@@ -45,8 +45,8 @@ test: $(STAMP) models versions ## the whole suite, real vLLM engines included (1
 test-fast-start: $(STAMP) models ## only the plain-vs-launcher starts of SmolLM2 (in make test too; 3 engine starts, ~1 min)
 	$(BIN)/python -m pytest -q -ra -m fast_start tests
 
-test-faults: $(STAMP) models ## kill -9 of each engine process at each moment, with each start method (forked, API server forked, plain): the whole matrix (make test: forked all, plain one case; ~15 min)
-	TUNEBOOK_FULL_FAULT_MATRIX=1 $(BIN)/python -m pytest -q -ra -s tests/measure/test_engine_deaths.py
+test-faults: $(STAMP) models ## kill -9 of each engine process at each moment, with each start method (forked, API server forked, plain): the whole matrix (make test: forked all, plain one case), and every fault test with Ctrl-C and the kept engine's death (~16 min)
+	TUNEBOOK_FULL_FAULT_MATRIX=1 $(BIN)/python -m pytest -q -ra -s tests/measure/test_engine_deaths.py tests/measure/test_faults.py
 
 test-fast: $(STAMP) models ## the suite without engine starts (~105 s on 2 cores: about 1,000 tests and nine background replots)
 	$(BIN)/python -m pytest -q -m "not engine" tests

@@ -59,9 +59,10 @@ CASES = [("start", "API server"), ("point", "API server"), ("between", "API serv
          # not a death: the engine core stopped (SIGSTOP) mid-point; the point ends at its
          # run timeout saying the engine stopped answering, and a new engine runs the rest
          ("hang", "engine core")]
-RUN_TIMEOUT_S = 20  # a point here takes ~2 s; 8 s was once too little for the first point of
-# a replacement engine on a box kept busy by other work (the loop of 10, next to a test run),
-# and 12 s for two points while a compiled engine started and a test run used both cores
+RUN_TIMEOUT_S = 14  # a point here takes ~1.5 s (24 tokens, twice); 8 s was once too little
+# for the first point of a replacement engine on a box kept busy by other work (the loop of 10,
+# next to a test run), and 12 s for two points of 48 tokens while a compiled engine started and
+# a test run used both cores: 14 s is 9x a point now (the hang case waits it out once)
 # a spawned engine core in `make test`: the case the issue found broken with plain starts (the
 # API server exits once vLLM sees its engine core die; the runs after it were recorded failed,
 # no engine replaced them)
@@ -260,7 +261,7 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
         "engine": {"max_model_len": 512, "enforce_eager": True},
         "engine_env": {"VLLM_CPU_KVCACHE_SPACE": 1},
         # one engine config; its points are repeats of one user's load
-        "load": {"users": [1], "input_len": 16, "output_len": 48, "prompts_per_user": 2,
+        "load": {"users": [1], "input_len": 16, "output_len": 24, "prompts_per_user": 2,
                  "num_warmups": 0},
         "repeats": points, "startup_timeout_s": 300, "run_timeout_s": RUN_TIMEOUT_S}))
     exp = tmp_path / "deaths"

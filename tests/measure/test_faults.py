@@ -35,6 +35,14 @@ from tunebook.servers import vllm as eng
 
 pytestmark = pytest.mark.engine
 
+# `make test-faults` (TUNEBOOK_FULL_FAULT_MATRIX=1) adds the cases whose path make test already
+# walks another way: Ctrl-C (the stop path of SIGTERM, which make test runs, scheduler-style)
+# and the shared engine's API server killed mid-run (the death matrix of test_engine_deaths
+# kills it mid-point with every start method; this one adds the kept engine's replacement).
+FULL = os.environ.get("TUNEBOOK_FULL_FAULT_MATRIX") == "1"
+ONLY_FULL = pytest.mark.skipif(not FULL, reason="make test-faults (TUNEBOOK_FULL_FAULT_MATRIX=1):"
+                               " make test walks this path with another case")
+
 # The shared engine's config, with load points long enough that a fault can land in one.
 BASE = {
     **SHARED_ENGINE,
@@ -175,7 +183,7 @@ BAD_BACKEND = {"attention_backend": "NO_SUCH_BACKEND"}
 EAGER = {**BASE["engine"], "enforce_eager": True}  # no torch.compile: a start in seconds
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=ONLY_FULL)])
 def test_runner_signal_mid_run_then_resume(tmp_path: Path, sig: signal.Signals,
                                            shared_engine: SharedEngine) -> None:
     """A scheduler's SIGTERM, or Ctrl-C, lands while the 2-user load point is running.
@@ -280,6 +288,7 @@ def _log_completions(log: Path) -> int:
     return log.read_text(errors="replace").count("POST /v1/completions")
 
 
+@ONLY_FULL
 def test_engine_sigkilled_mid_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                   shared_engine: SharedEngine) -> None:
     """The engine's API server is SIGKILLed during the first load point: that run is marked
