@@ -22,10 +22,12 @@ server forked (the GPU default, its engine core spawned) included. The kills
 between two points happen inside the sweep's
 `on_result` (the sweep is between its points there, however fast the machine); those during a
 point when the engine logs the point's first request; those during a start when the worker
-begins to load the weights (every process of the engine up, the start seconds from done)."""
+begins to load the weights (every process of the engine up), as soon as the watchdog has seen
+the process to kill."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -177,11 +179,16 @@ class Killer:
                     time.sleep(0.05)
                     continue
                 if case.moment == "start" and _loads(self.exp) > self.loads \
-                        and self._target(pgid, case.role) is not None:
-                    # the worker loads the weights: every process up, the start seconds from
-                    # done. The watchdog looks for new processes every SCAN_EVERY_S (one
-                    # killed younger than that is the failed start vLLM's log describes)
-                    time.sleep(1.5 * SCAN_EVERY_S)
+                        and (pid := self._target(pgid, case.role)) is not None:
+                    # the worker loads the weights: every process up, the start about a second
+                    # from done. Killed once the watchdog has surely seen the target: it looks
+                    # for new processes every SCAN_EVERY_S (one killed younger than that is the
+                    # failed start vLLM's log describes). A fixed 1.5 scans after the weights
+                    # began let a fast start finish first (seen once, on a quiet box: the kill
+                    # landed in the first point); the target's own age is what counts.
+                    with contextlib.suppress(psutil.Error):
+                        age = time.time() - psutil.Process(pid).create_time()
+                        time.sleep(max(0.0, 1.3 * SCAN_EVERY_S - age))
                     self.kill(pgid)
                 elif case.moment in ("point", "hang") and self._served_by(pgid):
                     self.kill(pgid)
