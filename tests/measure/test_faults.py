@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -333,7 +334,12 @@ def test_engine_sigkilled_mid_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_never_ready_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A start that times out is stopped with the short grace of an engine that never became
     ready: vLLM 0.32's API server, waiting for its engine core's handshake, cannot run its
-    SIGTERM handler, and half such stops sat out the whole 20 s before the SIGKILL."""
+    SIGTERM handler, and half such stops sat out the whole 20 s before the SIGKILL.
+
+    The engine core is stopped (SIGSTOP) as soon as it appears, so the start can never finish,
+    and the start's deadline is brought to that moment: a timeout shorter than the start alone
+    raced it (a forked start takes ~3 s here; once it failed first, its worker short of memory
+    for the default 0.92 KV share)."""
     from tunebook.models.presets import resolve_model
 
     graces: list[float] = []
@@ -348,10 +354,32 @@ def test_never_ready_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     # dev mode as the session's other starts have it: vLLM reads VLLM_SERVER_DEV_MODE while
     # imported, so without it this start could not fork from the session's launcher (8.7 s
     # against 3.4 s)
-    e = eng.Engine(resolve_model("qwen3-tiny"), {}, {}, tmp_path / "slow.log",
-                   startup_timeout_s=3, options=base.ServerOptions(dev_mode=True))
-    with pytest.raises(base.EngineStartError) as ei:
-        e.start()
+    e = eng.Engine(resolve_model("qwen3-tiny"), {}, {"VLLM_CPU_KVCACHE_SPACE": "1"},
+                   tmp_path / "slow.log", startup_timeout_s=120,
+                   options=base.ServerOptions(dev_mode=True))
+    frozen: list[int] = []
+    done = threading.Event()
+
+    def freeze_engine_core() -> None:
+        while not done.is_set() and not frozen:
+            with contextlib.suppress(psutil.Error, AttributeError):
+                for p in psutil.Process(e.proc.pid).children(recursive=True):
+                    if p.cmdline()[:1] and p.cmdline()[0].startswith("VLLM::EngineCore"):
+                        p.send_signal(signal.SIGSTOP)
+                        frozen.append(p.pid)
+                        e.startup_timeout_s = 0.0  # the deadline: now
+                        break
+            time.sleep(0.02)
+
+    t = threading.Thread(target=freeze_engine_core, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(base.EngineStartError) as ei:
+            e.start()
+    finally:
+        done.set()
+        t.join()
+    assert frozen, "the engine core never appeared"
     assert "ready in time" in str(ei.value) and ei.value.diagnosis.setting == "startup_timeout_s"
     assert graces == [process.NOT_READY_GRACE_S]
     assert not process._group_members(e.proc.pid) and base.port_is_free(e.port)
