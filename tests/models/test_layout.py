@@ -185,7 +185,7 @@ def test_on_machine_says_what_was_on_paper() -> None:
 # --- params, plan, form ------------------------------------------------------------------------
 def test_ch06_cpu_params_plan_nothing() -> None:
     p = P.load(REPO / "params" / "ch06.yaml")
-    assert p.figures_only and p.layout["check_against"].startswith("outputs/")
+    assert p.figures_only and p.section(L.SECTION)["check_against"].startswith("outputs/")
     plan = make_plan(p)
     assert plan.engines == [] and plan.runs == []
     assert P.parse(p.to_dict()).to_dict() == p.to_dict()  # round-trips
@@ -196,7 +196,7 @@ def test_ch06_gpu_params_carry_the_layout_beside_fig_6_2s_engines() -> None:
     """On the H200 one file holds both figures: the layout inputs (no engine of their own)
     and Fig 6.2's part (tests/servers/test_disagg.py checks its plan)."""
     p = P.load(REPO / "params" / "ch06-h200.yaml")
-    assert not p.figures_only and p.layout["check_against"] == "outputs/h200/ch02"
+    assert not p.figures_only and p.section(L.SECTION)["check_against"] == "outputs/h200/ch02"
     assert [part.name for part in p.parts] == ["disagg"] and p.model in PRESETS
     assert P.parse(p.to_dict()).to_dict() == p.to_dict()  # round-trips
 

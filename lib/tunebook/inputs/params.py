@@ -57,6 +57,7 @@ from tunebook.inputs.load import (
 )
 from tunebook.inputs.workloads import formats as workload_formats
 from tunebook.inputs.workloads.replay import Replay
+from tunebook.models import layout  # noqa: F401 - (Fig 6.1's inputs: layout)
 from tunebook.models import presets as models
 from tunebook.models.prompts import MIN_INPUT_LEN
 from tunebook.servers import kinds as server_kinds
@@ -105,16 +106,13 @@ PROBE_UNUSED_KEYS = ("num_prefixes", "prompts_per_user", "min_prompts", "num_pro
 TOP_KEYS = (
     "experiment", "notebook", "model", "description", "engine", "engine_grid", "engine_env",
     "load", "repeats", "max_runs", "max_prompts", "startup_timeout_s", "run_timeout_s", "figures",
-    "parts", "start_together", "figures_only", "layout", "slo", "search", "executor",
+    "parts", "start_together", "figures_only", "slo", "search", "executor",
     *SECTIONS.names(),
 )
 T = TypeVar("T")
 # Keys that plan engines: a figures_only file has none of them.
 ENGINE_KEYS = ("engine", "engine_grid", "engine_env", "load", "parts", "start_together",
                "repeats")
-# The `layout:` keys that are not tunebook.models.layout.LayoutInputs fields.
-LAYOUT_EXTRA_KEYS = ("check_against", "machine")
-LAYOUT_MACHINE = ("auto", "paper")
 PART_KEYS = ("name", "engine_grid", "load", "figures", "run_timeout_s")
 
 
@@ -282,8 +280,6 @@ class SweepParams:
     executor: str = "local"
     # True: the figures need no engine (chapter 6's layout helper): nothing is planned
     figures_only: bool = False
-    # Fig 6.1's inputs (tunebook.models.layout.LayoutInputs fields + check_against, machine)
-    layout: dict[str, Any] = field(default_factory=dict)
     # `tunebook tune` (tunebook.inputs.slo): the bounds to meet and the space to search
     slo: tuple[str, ...] = ()
     search: dict[str, Any] = field(default_factory=dict)
@@ -333,8 +329,6 @@ class SweepParams:
         if self.figures_only:
             out = {k: v for k, v in out.items() if k not in ENGINE_KEYS}
             out["figures_only"] = True
-        if self.layout:
-            out["layout"] = dict(self.layout)
         if self.slo:
             out["slo"] = list(self.slo)
         if self.search:
@@ -590,7 +584,6 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
             if key in data:
                 v.err(key, "figures_only: true plans no engine: remove this key (or "
                            "figures_only)")
-    layout = _layout(v, v.get(data, "layout", dict, default={}))
     slo_bounds, search = _slo_search(v, data, load_params)
     sections = {sec.key: sec.read(v, data[sec.key]) for sec in SECTIONS if sec.key in data}
     for sec in SECTIONS:
@@ -641,7 +634,7 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
         startup_timeout_s=float(startup_timeout_s), run_timeout_s=float(run_timeout_s),
         figures=figures, parts=parts, start_together=start_together,
         executor=executor if isinstance(executor, str) else "local",
-        figures_only=figures_only is True, layout=layout, slo=slo_bounds, search=search,
+        figures_only=figures_only is True, slo=slo_bounds, search=search,
         sections=sections, source=source,
     )
 
@@ -673,30 +666,6 @@ def _slo_search(v: _Validator, data: dict, load: LoadParams | None
             v.err(key, msg)
     return tuple(str(b) for b in bounds), dict(data["search"]) if isinstance(
         data["search"], dict) else {}
-
-
-def _layout(v: _Validator, raw: dict[str, Any] | None) -> dict[str, Any]:
-    """`layout:` — Fig 6.1's inputs (tunebook.models.layout.LayoutInputs), plus `check_against` (the
-    chapter-2 experiment folder whose starts the helper is checked on, relative to the
-    project) and `machine` (auto: GPU count, link and memory from this machine where it has
-    GPUs; paper: the values given)."""
-    if not raw:
-        return {}
-    from tunebook.models import layout as L
-
-    inputs = {k: x for k, x in raw.items() if k not in LAYOUT_EXTRA_KEYS}
-    check = raw.get("check_against")
-    if check is not None and (not isinstance(check, str) or not check.strip()):
-        v.err("layout.check_against", "must be a folder path (an experiment of chapter 2), "
-                                      f"got {_short(check)}")
-    if raw.get("machine", "auto") not in LAYOUT_MACHINE:
-        v.err("layout.machine", f"must be one of {', '.join(LAYOUT_MACHINE)}, got "
-                                f"{_short(raw.get('machine'))}")
-    try:
-        L.inputs_from(inputs)
-    except (L.LayoutError, TypeError) as e:
-        v.err("layout", str(e))
-    return dict(raw)
 
 
 def _together_checks(v: _Validator, n: int, configs: list[dict[str, Any]]) -> None:

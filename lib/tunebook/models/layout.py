@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from tunebook.core.sections import SECTIONS, Checker, Section
 from tunebook.models.presets import PRESETS, kv_bytes_per_token, weights_gib_estimate
 
 Link = Literal["nvlink", "pcie", "network"]
@@ -576,3 +577,47 @@ class LayoutForm:
 
 def form(inputs: LayoutInputs) -> LayoutForm:
     return LayoutForm(inputs)
+
+
+# -- the params section `layout:` ----------------------------------------------------------------
+
+# The `layout:` keys that are not LayoutInputs fields: the chapter-2 experiment folder whose
+# starts the helper is checked on (relative to the project), and where the machine's values
+# come from (auto: GPU count, link and memory from this machine where it has GPUs; paper: the
+# values given).
+EXTRA_KEYS = ("check_against", "machine")
+MACHINES = ("auto", "paper")
+
+
+class LayoutSection(Section[dict[str, Any]]):
+    """Fig 6.1's inputs in a params file (chapter 6's figures read them back from the stored
+    params), checked here so a bad input is an error before anything runs."""
+
+    key = "layout"
+    default: dict[str, Any] = {}
+
+    def read(self, v: Checker, raw: Any) -> dict[str, Any]:
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict):
+            v.err(self.key, f"must be a mapping of layout inputs (model: ..., users: ...), "
+                            f"got {type(raw).__name__}")
+            return {}
+        check = raw.get("check_against")
+        if check is not None and (not isinstance(check, str) or not check.strip()):
+            v.err(f"{self.key}.check_against", "must be a folder path (an experiment of "
+                                               f"chapter 2), got {check!r}"[:200])
+        if raw.get("machine", "auto") not in MACHINES:
+            v.err(f"{self.key}.machine", f"must be one of {', '.join(MACHINES)}, got "
+                                         f"{raw.get('machine')!r}"[:200])
+        try:
+            inputs_from({k: x for k, x in raw.items() if k not in EXTRA_KEYS})
+        except (LayoutError, TypeError) as e:
+            v.err(self.key, str(e))
+        return dict(raw)
+
+    def dump(self, value: dict[str, Any]) -> Any:
+        return dict(value)
+
+
+SECTION = SECTIONS.add(LayoutSection.key, LayoutSection())
