@@ -38,7 +38,7 @@ def _commands() -> dict[str, list[str]]:
 def test_each_recipe_runs_a_real_tunebook_command(name: str, tmp_path: Path) -> None:
     argv = _commands()[name]
     args = cli.build_parser().parse_args(argv)
-    assert args.fn is cli.cmd_run and args.again, argv  # a dated measurement each time
+    assert args.cmd == "run" and args.again, argv  # a dated measurement each time
     assert (REPO / args.params).is_file()
     # as far as this machine allows: the same command, planned here (a dry run starts nothing)
     i = argv.index("--outputs")

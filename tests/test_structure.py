@@ -4,7 +4,7 @@ of flags in the measuring code, and constructors that take few arguments.
 - Layers: a module imports only from its own folder or a folder below it in LAYERS (late
   imports inside functions count; `if TYPE_CHECKING:` ones do not: they never run). Data flows
   one way: core -> models -> servers -> inputs -> results -> measure -> search -> charts ->
-  figures -> present -> the command line.
+  figures -> present -> commands -> the command line.
 - Seams: nothing under measure/ names a server class or asks a config which kind it is; one
   place (tunebook.servers.kinds.server_for) picks the server, and the Server protocol is all
   the measuring code knows.
@@ -21,7 +21,7 @@ from pathlib import Path
 from test_imports import PKG, graph, modules
 
 LAYERS = ("core", "models", "servers", "inputs", "results", "measure", "search", "charts",
-          "figures", "present", "")  # "": the package's own top level (cli, vllm_hooks)
+          "figures", "present", "commands", "")  # "": the package's own top level (cli, vllm_hooks)
 MAX_INIT_PARAMS = 6
 # what would let measuring code branch on a server's kind
 SERVER_MODULES = {"tunebook.servers.vllm", "tunebook.servers.sglang", "tunebook.servers.disagg",
@@ -160,3 +160,20 @@ def test_measuring_code_names_no_load_kind() -> None:
         if named.search(code):
             offenders.append(str(path.relative_to(PKG)))
     assert not offenders, f"measuring code that names a load kind: {offenders}"
+
+
+def test_each_command_has_one_home() -> None:
+    """A subcommand is one module of tunebook.commands with one registered Command, and the
+    command line's parser offers exactly the registered commands, in their order."""
+    import argparse
+
+    from tunebook import cli
+    from tunebook.commands import COMMANDS
+
+    homes = {c.name: type(c).__module__ for c in COMMANDS}
+    assert homes and all(re.fullmatch(r"tunebook\.commands\.\w+", m) for m in homes.values()), \
+        homes
+    assert not {m for m in homes.values() if m.endswith((".base", ".options"))}, homes
+    sub = next(a for a in cli.build_parser()._actions
+               if isinstance(a, argparse._SubParsersAction))
+    assert tuple(sub.choices) == COMMANDS.names()

@@ -18,6 +18,7 @@ import pytest
 
 from conftest import SHARED_ENGINE, SharedEngine
 from tunebook import cli
+from tunebook.commands.options import _again_begin, _again_end
 from tunebook.inputs import params as P
 from tunebook.measure.supply import EngineKeeper
 from tunebook.measure.sweep import Sweep, SweepOptions
@@ -49,12 +50,12 @@ def test_three_measurements_the_step_at_the_second(tmp_path: Path,
     kept = EngineKeeper()  # the slow config's engine, kept from the second to the third
 
     def measure(params: P.SweepParams, shared: bool) -> int:
-        m = cli._again_begin(args, root)
+        m = _again_begin(args, root)
         sweep = shared_engine.sweep(params, tmp_path, since=m.started) if shared else \
             Sweep(params, tmp_path, SweepOptions(progress=False, since=m.started, keeper=kept))
         result = sweep.run()
         assert (result.ok, result.failed) == (REPEATS, 0)
-        return cli._again_end(args, root, m, {r.run_id for r in sweep.plan.runs})
+        return _again_end(args, root, m, {r.run_id for r in sweep.plan.runs})
 
     # two sequences at a time for 8 users: ~3x slower, clear of the noise, and half the seconds
     # of max_num_seqs 1 (ten runs of it are most of this test's time)

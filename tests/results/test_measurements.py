@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tunebook import cli
+from tunebook.commands.options import _again_begin, _again_end
 from tunebook.core import hardware
 from tunebook.inputs import params as P
 from tunebook.measure.sweep import Sweep, SweepOptions
@@ -72,18 +73,18 @@ def test_what_changed_since_the_last_measurement_is_said_first(
     ids = [r.run_id for r in Sweep(params, tmp_path, SweepOptions(progress=False)).plan.runs]
     rng = random.Random(3)
     args = argparse.Namespace(again=True, worse_than=0.0)
-    first = cli._again_begin(args, root)
+    first = _again_begin(args, root)
     _measure(root, ids, 1.0, rng)
-    assert cli._again_end(args, root, first, set(ids)) == cli.EXIT_OK
+    assert _again_end(args, root, first, set(ids)) == cli.EXIT_OK
     assert "the first measurement" in capsys.readouterr().out
-    second = cli._again_begin(args, root)
+    second = _again_begin(args, root)
     _measure(root, ids[:-1], scale, rng)  # interrupted before the last run: not finished
-    assert cli._again_end(args, root, second, set(ids)) == cli.EXIT_OK
+    assert _again_end(args, root, second, set(ids)) == cli.EXIT_OK
     assert M.read(root)[-1].finished is None
-    resumed = cli._again_begin(args, root)
+    resumed = _again_begin(args, root)
     assert resumed.started == second.started
     _measure(root, ids[-1:], scale, rng)
-    assert cli._again_end(args, root, resumed, set(ids)) == code
+    assert _again_end(args, root, resumed, set(ids)) == code
     out = capsys.readouterr().out
     assert out.startswith(f"since the last measurement ({first.started})"), out
     summary = json.loads(next(root.glob("changes__*.json")).read_text())
