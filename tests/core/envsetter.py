@@ -3,5 +3,5 @@ vLLM's do (TORCHINDUCTOR_CACHE_DIR, LD_LIBRARY_PATH, …)."""
 
 import os
 
-os.environ["TUNEBOOK_TEST_CHANGED"] = "by the import"
-os.environ["TUNEBOOK_TEST_ADDED"] = "by the import"
+os.environ["ENVSETTER_CHANGED"] = "by the import"
+os.environ["ENVSETTER_ADDED"] = "by the import"

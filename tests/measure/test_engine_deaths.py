@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -273,6 +274,27 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
         "repeats": points, "startup_timeout_s": 300, "run_timeout_s": RUN_TIMEOUT_S}))
     exp = tmp_path / "deaths"
     segments_before = _segments()
+    # where a replacement's seconds go, for the story of a slow one: each start and each stop
+    # (kill_group) of the sweep's engines, in Unix time
+    steps: list[tuple[str, int | None, float, float]] = []
+    kill_group, start = process.kill_group, process.ProcessServer.start
+
+    def timed_kill(pgid: int, grace_s: float = process.STOP_GRACE_S) -> None:
+        t0 = time.time()
+        try:
+            kill_group(pgid, grace_s)
+        finally:
+            steps.append((f"stop (grace {grace_s:g} s)", pgid, t0, time.time()))
+
+    def timed_start(self: process.ProcessServer, *a: Any, **kw: Any) -> Any:
+        t0 = time.time()
+        try:
+            return start(self, *a, **kw)
+        finally:
+            steps.append(("start", getattr(self.proc, "pid", None), t0, time.time()))
+
+    monkeypatch.setattr(process, "kill_group", timed_kill)
+    monkeypatch.setattr(process.ProcessServer, "start", timed_start)
     replace_forked = method == "plain" and cases == ONE_CASE
     killer = Killer(exp, cases, then_env=REPLACE_FORKED if replace_forked else None)
     t = threading.Thread(target=killer.run, daemon=True)
@@ -325,7 +347,9 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
         want = {"start": "during its start", "between": "between two runs",
                 "point": "during "}[case.moment]
         assert want in death, (case, death)
-        assert case.replaced_after_s is not None and case.replaced_after_s < DETECT_S, case
+        assert case.replaced_after_s is not None and case.replaced_after_s < DETECT_S, \
+            (case, [(what, pg, round(a - case.killed_at, 2), round(b - case.killed_at, 2))
+                    for what, pg, a, b in steps if b >= case.killed_at][:4])
     # nothing of a killed engine left: no process, no zombie, no pid file, no segment
     for case in killer.cases:
         left = [p for p in case.members if psutil.pid_exists(p)

@@ -58,6 +58,12 @@ _PACKAGE = Path(__file__).resolve().parents[1]  # lib/tunebook (this file is in 
 # spawned sweep) inherits them in its environment: SET_BY_IMPORTS_ENV tells it which they are.
 SET_BY_IMPORTS_ENV = "TUNEBOOK_SET_BY_IMPORTS"
 _IMPORTS_LOCK = threading.Lock()
+# os.environ before each import that is still running: vLLM's client is imported on a thread
+# while an engine starts (tunebook.measure.client.preload), and an engine started meanwhile
+# must not get what that import has set so far (seen on a busy box: the second engine of a
+# sweep got /tmp/torchinductor_root for its compile cache, and a launcher of its own)
+_IN_FLIGHT: list[dict[str, str]] = []
+OWN_PREFIX = "TUNEBOOK_"  # tunebook's own variables: set by tunebook, never by an import
 
 
 def _inherited() -> dict[str, tuple[str | None, str]]:
@@ -76,20 +82,30 @@ def import_module(name: str) -> ModuleType:
     out). Imports of vLLM or torch in a tunebook process go through here."""
     with _IMPORTS_LOCK:
         before = dict(os.environ)
+        _IN_FLIGHT.append(before)
         try:
             return importlib.import_module(name)
         finally:
             for k, v in os.environ.items():
-                if before.get(k) != v and k not in _SET_BY_IMPORTS:
+                if before.get(k) != v and k not in _SET_BY_IMPORTS \
+                        and not k.startswith(OWN_PREFIX):
                     _SET_BY_IMPORTS[k] = (before.get(k), v)
             if _SET_BY_IMPORTS:
                 os.environ[SET_BY_IMPORTS_ENV] = json.dumps(_SET_BY_IMPORTS)
+            _IN_FLIGHT.remove(before)  # after the record: user_environ knows one or the other
 
 
 def user_environ() -> dict[str, str]:
     """os.environ as the user (or a test) set it: a variable that a library import set keeps
     its value from before the import, unless something set it again since."""
     env = dict(os.environ)
+    for before in list(_IN_FLIGHT):  # an import still running: what it has set so far is its
+        for k in {*env, *before}:
+            if env.get(k) != before.get(k) and not k.startswith(OWN_PREFIX):
+                if k in before:
+                    env[k] = before[k]
+                else:
+                    env.pop(k, None)
     for k, (before, after) in _SET_BY_IMPORTS.items():
         if env.get(k) == after:
             if before is None:
