@@ -183,8 +183,8 @@ def main() -> int:
     else:
         outputs = args.outputs or config.outputs_dir()
         report = args.out or Path(outputs) / f"{params.experiment}-search" / "benchmark.md"
-    bounds = slo.parse_slo(list(params.slo))
-    spec = slo.parse_search(params.search, params.load.users)
+    bounds = slo.parse_slo(list(params.section(slo.SLO)))
+    spec = slo.parse_search(params.section(slo.SEARCH), params.load.users)
     if args.reuse:
         n = reuse_grid(params, spec, Path(args.grid_outputs or outputs), args.reuse)
         print(f"reused {n} stored runs from {', '.join(map(str, args.reuse))}", flush=True)

@@ -42,8 +42,8 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=50)
     args = ap.parse_args()
     params = P.load(args.params)
-    bounds = slo.parse_slo(list(params.slo))
-    spec = slo.parse_search(params.search, params.load.users)
+    bounds = slo.parse_slo(list(params.section(slo.SLO)))
+    spec = slo.parse_search(params.section(slo.SEARCH), params.load.users)
     stored = json.loads((args.folder / "benchmark.json").read_text())
     grid, tolerance = stored["grid"], stored["tolerance"]
     missing = grid.get("missing_configs") or []

@@ -8,6 +8,7 @@ import pytest
 from tunebook.inputs import cost as C
 from tunebook.inputs import params as P
 from tunebook.inputs.plan import make_plan as plan
+from tunebook.inputs.slo import SEARCH
 
 BASE = {"experiment": "x", "model": "qwen3-tiny", "load": {"users": [1]}}
 
@@ -60,4 +61,4 @@ def test_ranking_by_cost_needs_a_price() -> None:
     with pytest.raises(P.ParamsError) as e:
         P.parse({**BASE, **search})
     assert "needs your price" in str(e.value)
-    assert P.parse({**BASE, **search, "cost": {"usd_per_hour": 1}}).search
+    assert P.parse({**BASE, **search, "cost": {"usd_per_hour": 1}}).section(SEARCH)

@@ -183,8 +183,10 @@ def test_params_check_slo_and_search_before_anything_starts() -> None:
     base = {"experiment": "s", "model": "qwen3-tiny", "load": {"users": [1, 2, 4]}}
     ok = P.parse({**base, "slo": ["p99_tpot_ms <= 50"],
                   "search": {"knobs": {"max_num_seqs": [4, 8]}}})
-    assert ok.slo == ("p99_tpot_ms <= 50",) and P.parse(ok.to_dict()).search == ok.search
-    assert slo.parse_search(ok.search, ok.load.users).users == (1, 2, 4)  # load's levels
+    search = ok.section(slo.SEARCH)
+    assert ok.section(slo.SLO) == ("p99_tpot_ms <= 50",)
+    assert P.parse(ok.to_dict()).section(slo.SEARCH) == search
+    assert slo.parse_search(search, ok.load.users).users == (1, 2, 4)  # load's levels
     with pytest.raises(P.ParamsError) as e:
         P.parse({**base, "slo": ["p99_tpot <= 50"],
                  "search": {"knobs": {"max_num_seqs": [0]}}})

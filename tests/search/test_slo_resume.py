@@ -90,7 +90,7 @@ def _search(params: P.SweepParams, out: Path) -> tuple[adaptive.SearchResult,
 slo_search.SweepEvaluator]:
     ev = slo_search.SweepEvaluator(params, out, progress=False)
     try:
-        return adaptive.search(ev, slo.parse_search(params.search), BOUNDS), ev
+        return adaptive.search(ev, slo.parse_search(params.section(slo.SEARCH)), BOUNDS), ev
     finally:
         ev.close()
 
@@ -140,7 +140,7 @@ def test_a_stored_only_evaluator_never_starts_an_engine(sim: dict, tmp_path: Pat
     measured = {(c, u) for c, u in sim["benched"]}
     started = SimServer.started
     ev = slo_search.SweepEvaluator(p, tmp_path / "out", progress=False, stored_only=True)
-    grid = adaptive.full_grid(ev, slo.parse_search(p.search), BOUNDS)
+    grid = adaptive.full_grid(ev, slo.parse_search(p.section(slo.SEARCH)), BOUNDS)
     assert SimServer.started == started  # nothing started
     for pt in grid.points:
         stored = (tuple(sorted(pt.knobs.items())), pt.users) in measured
@@ -275,7 +275,7 @@ def test_slo_bench_reuse_copies_an_earlier_grids_runs(sim: dict, tmp_path: Path)
     _search(p, tmp_path / "earlier")
     earlier = tmp_path / "earlier" / "slo-sim"
     runs = sorted((earlier / "runs").glob("*.json"))
-    spec = slo.parse_search(p.search)
+    spec = slo.parse_search(p.section(slo.SEARCH))
     assert reuse_grid(p, spec, tmp_path / "new", [earlier]) == len(runs) > 0
     assert reuse_grid(p, spec, tmp_path / "new", [earlier]) == 0  # never copied over
     started = SimServer.started

@@ -32,7 +32,7 @@ def test_a_traces_levels_are_its_speeds() -> None:
     p = _trace_params()
     levels, kind = p.load.search_levels()
     assert (levels, kind) == ((0.5, 1.0, 2.0, 4.0), "speed")
-    spec = slo.parse_search(p.search, levels, level=kind)
+    spec = slo.parse_search(p.section(slo.SEARCH), levels, level=kind)
     assert spec.users == (0.5, 1.0, 2.0, 4.0) and spec.level_text(2.0) == "2× the trace's rate"
     assert spec.to_dict()["speeds"] == [0.5, 1.0, 2.0, 4.0] and "users" not in spec.to_dict()
     point = slo_search.SweepEvaluator(p, REPO / "outputs").point_params({"max_num_seqs": 4}, 2.0)

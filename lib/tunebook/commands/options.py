@@ -18,6 +18,7 @@ from typing import Any
 from tunebook.commands.base import EXIT_OK, EXIT_WORSE_THAN_LAST
 from tunebook.core import config
 from tunebook.inputs import params as P
+from tunebook.inputs.slo import SEARCH, SLO
 from tunebook.models.presets import PRESETS, ModelNotFoundError, resolve_model
 
 
@@ -74,7 +75,7 @@ def _describe(params: P.SweepParams, outputs: Path) -> str:
     """A dry run: the sweep's plan, or for params with slo/search (their notebook and `tune`
     search) the search's space, budget and stored points; the base config's plan is not what
     runs there."""
-    if params.slo and params.search:
+    if params.section(SLO) and params.section(SEARCH):
         from tunebook.search import tune as slo_search
 
         return slo_search.describe(params, outputs)

@@ -7,6 +7,7 @@ import sys
 
 from tunebook.commands.base import COMMANDS, EXIT_BAD_PARAMS, EXIT_OK, Command
 from tunebook.commands.options import _add_common, _add_wait, _load, _wait
+from tunebook.inputs.slo import SEARCH, SLO
 from tunebook.results import machines
 
 
@@ -26,7 +27,7 @@ class TuneCommand(Command):
         from tunebook.search import tune as slo_search
 
         params = _load(args)
-        if not params.slo or not params.search:
+        if not params.section(SLO) or not params.section(SEARCH):
             print(f"tunebook: {args.params}: no slo/search section: nothing to search (see "
                   "params/slo.yaml)", file=sys.stderr)
             return EXIT_BAD_PARAMS

@@ -45,5 +45,10 @@ class Section(ABC, Generic[T]):
         """Rules between this section and the rest of the file (`given`: whether the file
         has this section), said through `v.err`; run for every registered section."""
 
+    def check_with_load(self, v: Checker, value: T, load: Any) -> None:
+        """Rules that need the parsed load (tunebook.inputs.params.LoadParams, None where the
+        file's load is unusable: e.g. its levels), said through `v.err`; run for the sections
+        the file has."""
+
 
 SECTIONS: Registry[Section[Any]] = Registry("params section")

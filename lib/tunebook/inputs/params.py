@@ -46,7 +46,10 @@ import yaml
 from tunebook.core import hardware, knobs
 from tunebook.core.files import FOLDER_NAME
 from tunebook.core.sections import SECTIONS, Section
-from tunebook.inputs import cost  # noqa: F401 - the owners of params sections register them
+from tunebook.inputs import (
+    cost,  # noqa: F401 - the owners of params sections register them
+    slo,  # noqa: F401 - (`tunebook tune`'s bounds and space: slo, search)
+)
 from tunebook.inputs.load import (
     BLOCK_REUSE,
     DATASETS,
@@ -106,7 +109,7 @@ PROBE_UNUSED_KEYS = ("num_prefixes", "prompts_per_user", "min_prompts", "num_pro
 TOP_KEYS = (
     "experiment", "notebook", "model", "description", "engine", "engine_grid", "engine_env",
     "load", "repeats", "max_runs", "max_prompts", "startup_timeout_s", "run_timeout_s", "figures",
-    "parts", "start_together", "figures_only", "slo", "search", "executor",
+    "parts", "start_together", "figures_only", "executor",
     *SECTIONS.names(),
 )
 T = TypeVar("T")
@@ -159,7 +162,7 @@ class LoadParams:
         return self.replay is not None and _workload(self.replay).timed
 
     def search_levels(self) -> tuple[tuple[float, ...], str]:
-        """The load levels a search bisects, and what they are (tunebook.inputs.slo.LEVELS):
+        """The load levels a search bisects, and what they are (`tunebook tune`'s LEVELS):
         a trace's replay speeds, else concurrent users."""
         if self.timed:
             return self.speeds, "speed"
@@ -280,9 +283,6 @@ class SweepParams:
     executor: str = "local"
     # True: the figures need no engine (chapter 6's layout helper): nothing is planned
     figures_only: bool = False
-    # `tunebook tune` (tunebook.inputs.slo): the bounds to meet and the space to search
-    slo: tuple[str, ...] = ()
-    search: dict[str, Any] = field(default_factory=dict)
     # the sections their mechanisms own (tunebook.core.sections): key -> value, set ones only
     sections: dict[str, Any] = field(default_factory=dict)
     source: str = "<params>"
@@ -329,10 +329,6 @@ class SweepParams:
         if self.figures_only:
             out = {k: v for k, v in out.items() if k not in ENGINE_KEYS}
             out["figures_only"] = True
-        if self.slo:
-            out["slo"] = list(self.slo)
-        if self.search:
-            out["search"] = dict(self.search)
         if self.parts:
             del out["engine_grid"]
             out["parts"] = [part.to_dict() for part in self.parts]
@@ -584,10 +580,11 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
             if key in data:
                 v.err(key, "figures_only: true plans no engine: remove this key (or "
                            "figures_only)")
-    slo_bounds, search = _slo_search(v, data, load_params)
     sections = {sec.key: sec.read(v, data[sec.key]) for sec in SECTIONS if sec.key in data}
     for sec in SECTIONS:
         sec.cross_check(v, data, sec.key in data)
+        if sec.key in sections:  # rules that need the parsed load (the search's levels)
+            sec.check_with_load(v, sections[sec.key], load_params)
     parts = _parts(v, data, model, engine, max_runs, repeats, max_prompts, figures, together)
     if isinstance(start_together, int) and start_together > 1:
         grids = [g for part in parts for g in part.engine_grid] if parts else grid
@@ -634,38 +631,8 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
         startup_timeout_s=float(startup_timeout_s), run_timeout_s=float(run_timeout_s),
         figures=figures, parts=parts, start_together=start_together,
         executor=executor if isinstance(executor, str) else "local",
-        figures_only=figures_only is True, slo=slo_bounds, search=search,
-        sections=sections, source=source,
+        figures_only=figures_only is True, sections=sections, source=source,
     )
-
-
-def _slo_search(v: _Validator, data: dict, load: LoadParams | None
-                ) -> tuple[tuple[str, ...], dict[str, Any]]:
-    """`slo:` and `search:` (tunebook.inputs.slo), checked here so a bad bound or knob range is an
-    error before any engine starts; kept as written (the search parses them again)."""
-    from tunebook.inputs import slo
-
-    if ("slo" in data) != ("search" in data):
-        v.err("search" if "slo" in data else "slo",
-              "slo and search go together: the bounds to meet and the space to search")
-        return (), {}
-    if "slo" not in data:
-        return (), {}
-    raw_slo = data["slo"]
-    try:
-        bounds = slo.parse_slo(raw_slo)
-    except slo.SearchSpecError as e:
-        for key, msg in e.problems:
-            v.err(key, msg)
-        bounds = ()
-    try:
-        levels, kind = load.search_levels() if load else ((), "users")
-        slo.parse_search(data["search"], levels, level=kind)
-    except slo.SearchSpecError as e:
-        for key, msg in e.problems:
-            v.err(key, msg)
-    return tuple(str(b) for b in bounds), dict(data["search"]) if isinstance(
-        data["search"], dict) else {}
 
 
 def _together_checks(v: _Validator, n: int, configs: list[dict[str, Any]]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from tunebook.core import knobs as knob_table
 from tunebook.core import schema
+from tunebook.core.sections import SECTIONS, Checker, Section
 
 Row = Mapping[str, Any]
 Evaluate = Callable[[dict[str, Any], int], Row]
@@ -303,3 +304,66 @@ def parse_search(raw: Any, users_default: Sequence[float] = (),
 def point_key(knobs: Mapping[str, Any], users: int) -> str:
     """One point of the space (an engine config at a load level) as a stable string."""
     return f"{sorted(knobs.items())!r}@{users}"
+
+
+# -- the params sections `slo:` and `search:` ----------------------------------------------------
+
+PAIRED = "slo and search go together: the bounds to meet and the space to search"
+
+
+def _said(v: Checker, e: SearchSpecError) -> None:
+    for key, msg in e.problems:
+        v.err(key, msg)
+
+
+class SloSection(Section[tuple[str, ...]]):
+    """`slo:` — the bounds `tunebook tune` must meet, kept as written (the search parses them
+    again), checked so a bad bound is an error before any engine starts."""
+
+    key = "slo"
+    default: tuple[str, ...] = ()
+
+    def read(self, v: Checker, raw: Any) -> tuple[str, ...]:
+        try:
+            return tuple(str(b) for b in parse_slo(raw))
+        except SearchSpecError as e:
+            _said(v, e)
+            return ()
+
+    def dump(self, value: tuple[str, ...]) -> Any:
+        return list(value)
+
+    def cross_check(self, v: Checker, data: dict[str, Any], given: bool) -> None:
+        if given != ("search" in data):
+            v.err("search" if given else "slo", PAIRED)
+
+
+class SearchSection(Section[dict[str, Any]]):
+    """`search:` — the space `tunebook tune` searches, kept as written; its load levels default
+    to the load's (users, or a trace's speeds), so it is checked once the load is parsed."""
+
+    key = "search"
+    default: dict[str, Any] = {}
+
+    def read(self, v: Checker, raw: Any) -> dict[str, Any]:
+        if isinstance(raw, dict) and raw:
+            return dict(raw)
+        try:  # not a mapping, or an empty one: what is wrong needs no load levels
+            parse_search(raw)
+        except SearchSpecError as e:
+            _said(v, e)
+        return {}
+
+    def dump(self, value: dict[str, Any]) -> Any:
+        return dict(value)
+
+    def check_with_load(self, v: Checker, value: dict[str, Any], load: Any) -> None:
+        if value:
+            try:
+                parse_search(value, *(load.search_levels() if load else ((), "users")))
+            except SearchSpecError as e:
+                _said(v, e)
+
+
+SLO = SECTIONS.add(SloSection.key, SloSection())
+SEARCH = SECTIONS.add(SearchSection.key, SearchSection())

@@ -299,7 +299,7 @@ def search(params_file: str | Path, overrides: dict[str, Any] | None = None,
 
     params = P.load(params_file, overrides or {})
     report.enable_offline_charts()
-    if not params.slo or not params.search:
+    if not params.section(slo.SLO) or not params.section(slo.SEARCH):
         raise ValueError(f"{params_file}: no slo/search section: nothing to search")
     root = machines.experiments_root(outputs, settle=not dry_run)
     print(tune.describe(params, root))
@@ -307,7 +307,7 @@ def search(params_file: str | Path, overrides: dict[str, Any] | None = None,
         out = tune.stored(root, params.experiment)
         print("dry run: nothing starts; " + ("the newest stored search:" if out else
                                             "no search is stored yet"))
-        now = slo.parse_search(params.search, *params.load.search_levels()).to_dict()
+        now = slo.parse_search(params.section(slo.SEARCH), *params.load.search_levels()).to_dict()
         if out and out.get("search") and out["search"] != now:  # the params changed since
             changed = {k: out["search"].get(k) for k in sorted(set(now) | set(out["search"]))
                        if out["search"].get(k) != now.get(k)}

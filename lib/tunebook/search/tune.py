@@ -39,7 +39,7 @@ class SweepEvaluator:
 
     def __init__(self, params: SweepParams, outputs: Path | str | None = None,
                  progress: bool = True, stored_only: bool = False):
-        if not params.slo or not params.search:
+        if not params.section(slo.SLO) or not params.section(slo.SEARCH):
             raise ValueError(f"{params.source}: no slo/search section: nothing to search")
         self.params = params
         self.outputs = machines.experiments_root(outputs, settle=False)  # its callers settle
@@ -161,8 +161,8 @@ def stored_progress(params: SweepParams, outputs: Path | str | None) -> str | No
 def describe(params: SweepParams, outputs: Path | str | None = None) -> str:
     """The dry run of a search: the bounds, the space, what the full grid would cost, and
     (with `outputs`) what is stored already."""
-    bounds = slo.parse_slo(list(params.slo))
-    spec = slo.parse_search(params.search, *params.load.search_levels())
+    bounds = slo.parse_slo(list(params.section(slo.SLO)))
+    spec = slo.parse_search(params.section(slo.SEARCH), *params.load.search_levels())
     grid = spec.grid()
     lines = [f"search {params.experiment}: maximise {spec.objective} subject to "
              + " and ".join(str(b) for b in bounds),
@@ -375,8 +375,8 @@ def tune(params: SweepParams, outputs: Path | str | None = None, progress: bool 
          ) -> tuple[int, dict]:
     """Run the search; store its summary under <experiment>/search/ (never overwritten).
     Exit code: 0 a config meets the SLO, 1 none does (the summary names the closest)."""
-    bounds = slo.parse_slo(list(params.slo))
-    spec = slo.parse_search(params.search, *params.load.search_levels())
+    bounds = slo.parse_slo(list(params.section(slo.SLO)))
+    spec = slo.parse_search(params.section(slo.SEARCH), *params.load.search_levels())
     evaluator = SweepEvaluator(params, outputs, progress)
     try:
         result = adaptive.search(evaluator, spec, bounds)
