@@ -94,6 +94,56 @@ def test_a_titled_child_killed_is_the_engines_death(reaps: bool) -> None:
         _stop(root)
 
 
+# the engine core forks its worker, which carries the engine core's title until it sets its
+# own (once the file argv[1] exists); the engine core leaves it a zombie when it dies
+CORE = """
+import os, sys, time, setproctitle
+setproctitle.setproctitle('VLLM::EngineCore')
+pid = os.fork()
+if pid == 0:
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.01)
+    setproctitle.setproctitle('VLLM::Worker')
+    time.sleep(120)
+print(os.getpid(), pid, flush=True)
+time.sleep(120)
+"""
+FORKS = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+time.sleep(120)
+"""
+
+
+def test_a_worker_killed_after_it_titled_itself_is_the_worker(tmp_path: Path) -> None:
+    """A scan saw the forked worker under the engine core's title; it set its own, and died
+    before the next scan: the death names the worker (seen once in the death matrix: a worker
+    killed during its start was said to be the engine core)."""
+    go = tmp_path / "title-yourself"
+    root = subprocess.Popen([sys.executable, "-c", FORKS, CORE, str(go)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        core, worker = map(int, root.stdout.readline().split())  # type: ignore[union-attr]
+        dog = Watchdog(root.pid, ("VLLM::",), root.poll)
+        deadline = time.monotonic() + 10
+        while worker not in dog.watched:
+            assert time.monotonic() < deadline
+            dog.scan(force=True)
+            time.sleep(0.05)
+        assert dog.watched[worker].role == "engine core"  # the title it was forked with
+        go.touch()
+        while Path(f"/proc/{worker}/comm").read_text().strip() != "VLLM::Worker":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(worker, signal.SIGKILL)  # no scan since
+        died = _found(dog)
+        assert (died.role, died.pid, died.how) == ("worker", worker, "SIGKILL"), died
+        assert str(died) == f"worker exited: SIGKILL (pid {worker}, VLLM::Worker)"
+        assert dog.watched[core].role == "engine core"
+    finally:
+        _stop(root)
+
+
 def test_the_root_killed_and_a_stop_is_no_death() -> None:
     root, _ = _tree(reaps=True)
     try:

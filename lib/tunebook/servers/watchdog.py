@@ -198,6 +198,8 @@ class Watchdog:
             # it did: vLLM's own monitors end the rest), the first found of those
             found = [(w, self._how(w)) for w in gone]
             w, how = min(found, key=lambda f: not f[1].startswith(KILLED_BY))
+            if title := _last_title(w):  # a forked child may have titled itself since a scan
+                w.title, w.role = title, _role_of(title)
             self._death = Death(w.role, w.title, w.pid, how, time.time())
         return self._death
 
@@ -246,6 +248,24 @@ def _title(p: psutil.Process) -> str:
     except psutil.ZombieProcess:
         return ""
     return cmd[0].split()[0] if cmd and cmd[0].strip() else ""
+
+
+def _last_title(w: _Watched) -> str:
+    """The title a watched process had when it exited, while it is a zombie (its name: the
+    title's first 15 characters, kept by the kernel); '' once reaped. A worker forked by the
+    engine core carries the engine core's title until it sets its own: a scan between the two
+    saw the old one (once, a worker killed during its start was said to be the engine core)."""
+    if w.pid == 0 or w.title == "":
+        return ""
+    try:
+        p = psutil.Process(w.pid)
+        if abs(p.create_time() - w.started) > 0.5:
+            return ""
+        name = p.name()
+    except psutil.Error:
+        return ""
+    # the name is the title cut to 15 characters: the full title where it still agrees
+    return w.title if w.title.startswith(name) else name
 
 
 def _role_of(title: str) -> str:
