@@ -39,7 +39,7 @@ versions: $(STAMP) ## install VLLM_VERSIONS beside .venv's vLLM (~/.cache/tunebo
 demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML report's path
 	$(BIN)/tunebook run $(PARAMS)
 
-test: $(STAMP) models versions ## the whole suite, real vLLM engines included (14:30 pytest in a fresh clone after make demo at c4744f5 on this 2-core box on 2026-12-06, 1,438 tests; 12:33 at aef14ca before the plain death case, deploy, diff and history engine tests)
+test: $(STAMP) models versions ## the whole suite, real vLLM engines included (9:54 pytest in a fresh clone at 1d3e4e1 on this 2-core box on 2026-12-06, 1,462 tests; 14:30 at c4744f5 after make demo)
 	$(BIN)/python -m pytest -q -ra tests
 
 test-fast-start: $(STAMP) models ## only the plain-vs-launcher starts of SmolLM2 (in make test too; 3 engine starts, ~1 min)
