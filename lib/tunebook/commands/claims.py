@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tunebook.commands.base import COMMANDS, EXIT_BAD_PARAMS, Command
+from tunebook.commands.base import COMMANDS, EXIT_BAD_PARAMS, EXIT_OK, Command
 
 
 class ClaimsCommand(Command):
@@ -33,7 +33,7 @@ class ClaimsCommand(Command):
         paths = claims.write(df, args.out or args.root)
         print(claims.to_markdown(df))
         print("written: " + ", ".join(str(p) for p in paths))
-        return 0
+        return EXIT_OK
 
 
 COMMANDS.add(ClaimsCommand.name, ClaimsCommand())
