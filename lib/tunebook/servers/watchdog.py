@@ -65,13 +65,22 @@ def returncode_text(code: int) -> str:
     return f"exit code {code}"
 
 
+def _still(pid: int, started: float) -> psutil.Process | None:
+    """The process `pid` if it is still the one created at `started` (pids are reused)."""
+    try:
+        p = psutil.Process(pid)
+        return p if abs(p.create_time() - started) <= 0.5 else None
+    except psutil.Error:
+        return None
+
+
 def _zombie_status(pid: int, started: float) -> int | None:
     """The exit status of `pid` while it is a zombie (not yet reaped by its parent)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read().decode(errors="replace")
         fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 on
-        if fields[0] != "Z" or abs(psutil.Process(pid).create_time() - started) > 0.5:
+        if fields[0] != "Z" or _still(pid, started) is None:
             return None
         return int(fields[_STAT_EXIT_CODE - 3])
     except (OSError, ValueError, IndexError, psutil.Error):
@@ -258,10 +267,7 @@ def _last_title(w: _Watched) -> str:
     if w.pid == 0 or w.title == "":
         return ""
     try:
-        p = psutil.Process(w.pid)
-        if abs(p.create_time() - w.started) > 0.5:
-            return ""
-        name = p.name()
+        name = p.name() if (p := _still(w.pid, w.started)) is not None else ""
     except psutil.Error:
         return ""
     # the name is the title cut to 15 characters: the full title where it still agrees
@@ -279,7 +285,6 @@ def _role_of(title: str) -> str:
 
 def _running(w: _Watched) -> bool:
     try:
-        p = psutil.Process(w.pid)
-        return abs(p.create_time() - w.started) < 0.5 and p.status() != psutil.STATUS_ZOMBIE
+        return (p := _still(w.pid, w.started)) is not None and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
