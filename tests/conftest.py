@@ -47,6 +47,25 @@ if str(LIB) not in sys.path:
 COMMITTED_MACHINES = ("cpu", "cpu-xeon-vllm0.31.0", "cpu-xeon-vllm0.32.0", "h100", "h200")
 
 
+def titled(root: int, title: str) -> int | None:
+    """The first living process under `root` whose title (setproctitle's, as vLLM names its
+    engine core and workers) starts with `title`."""
+    import psutil
+
+    try:
+        kids = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return None
+    for p in kids:
+        try:
+            if p.cmdline() and p.cmdline()[0].startswith(title) \
+                    and p.status() != psutil.STATUS_ZOMBIE:
+                return p.pid
+        except psutil.Error:
+            continue
+    return None
+
+
 def committed(pattern: str) -> list[Path]:
     """The files under the committed machines of outputs/ that match `pattern`, sorted."""
     return sorted(p for m in COMMITTED_MACHINES for p in (REPO / "outputs" / m).glob(pattern))

@@ -44,6 +44,7 @@ import psutil
 import pytest
 import yaml
 
+from conftest import titled
 from tunebook.inputs import params as P
 from tunebook.measure.sweep import Sweep, SweepOptions
 from tunebook.servers import process, shm
@@ -128,20 +129,7 @@ class Killer:
 
     def _target(self, pgid: int, role: str) -> int | None:
         title = ROLES[role]
-        if title is None:
-            return pgid
-        try:
-            kids = psutil.Process(pgid).children(recursive=True)
-        except psutil.Error:
-            return None
-        for p in kids:
-            try:
-                if p.cmdline() and p.cmdline()[0].startswith(title) \
-                        and p.status() != psutil.STATUS_ZOMBIE:
-                    return p.pid
-            except psutil.Error:
-                continue
-        return None
+        return pgid if title is None else titled(pgid, title)
 
     def kill(self, pgid: int) -> None:
         case = self.case

@@ -28,7 +28,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import SHARED_ENGINE, SharedEngine
+from conftest import SHARED_ENGINE, SharedEngine, titled
 from tunebook.inputs import params as P
 from tunebook.measure.sweep import Sweep, SweepOptions
 from tunebook.servers import base, process
@@ -362,13 +362,11 @@ def test_never_ready_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
     def freeze_engine_core() -> None:
         while not done.is_set() and not frozen:
-            with contextlib.suppress(psutil.Error, AttributeError):
-                for p in psutil.Process(e.proc.pid).children(recursive=True):
-                    if p.cmdline()[:1] and p.cmdline()[0].startswith("VLLM::EngineCore"):
-                        p.send_signal(signal.SIGSTOP)
-                        frozen.append(p.pid)
-                        e.startup_timeout_s = 0.0  # the deadline: now
-                        break
+            with contextlib.suppress(ProcessLookupError, AttributeError):
+                if (core := titled(e.proc.pid, "VLLM::EngineCore")) is not None:
+                    os.kill(core, signal.SIGSTOP)
+                    frozen.append(core)
+                    e.startup_timeout_s = 0.0  # the deadline: now
             time.sleep(0.02)
 
     t = threading.Thread(target=freeze_engine_core, daemon=True)
