@@ -110,7 +110,7 @@ time.sleep(120)
 """
 FORKS = """
 import subprocess, sys, time
-subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+subprocess.Popen([sys.executable, "-c", *sys.argv[1:]])
 time.sleep(120)
 """
 
@@ -140,6 +140,61 @@ def test_a_worker_killed_after_it_titled_itself_is_the_worker(tmp_path: Path) ->
         assert (died.role, died.pid, died.how) == ("worker", worker, "SIGKILL"), died
         assert str(died) == f"worker exited: SIGKILL (pid {worker}, VLLM::Worker)"
         assert dog.watched[core].role == "engine core"
+    finally:
+        _stop(root)
+
+
+# a worker that runs a command through a shell while it starts, as vLLM's CPU worker runs
+# `lscpu`: the fork carries the worker's title until it execs (once argv[1] exists); the
+# worker reaps it at once, as subprocess.check_output does. argv[2]: what the shell runs
+RUNS = """
+import os, sys, time, setproctitle
+setproctitle.setproctitle('VLLM::Worker')
+pid = os.fork()
+if pid == 0:
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.01)
+    os.execv('/bin/sh', ['sh', '-c', sys.argv[2]])
+print(os.getpid(), pid, flush=True)
+os.waitpid(pid, 0)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("command", ["exit 0", "exec sleep 30"], ids=["exits", "runs-on"])
+def test_a_command_the_worker_runs_is_not_the_engine(tmp_path: Path, command: str) -> None:
+    """A scan caught the fork of a command between fork and exec, under the worker's title:
+    its end is no death (once, on two busy cores, vLLM's `lscpu` ended a healthy start as
+    "the engine exited during start-up"); one still running is let go at the next scan. The
+    worker itself is still watched: killed, it is the engine's death."""
+    go = tmp_path / "exec-now"
+    root = subprocess.Popen([sys.executable, "-c", FORKS, RUNS, str(go), command],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        worker, helper = map(int, root.stdout.readline().split())  # type: ignore[union-attr]
+        dog = Watchdog(root.pid, ("VLLM::",), root.poll)
+        deadline = time.monotonic() + 10
+        while helper not in dog.watched:
+            assert time.monotonic() < deadline
+            dog.scan(force=True)
+            time.sleep(0.05)
+        assert not dog.watched[helper].own_title and dog.watched[worker].own_title
+        go.touch()
+        if command == "exit 0":
+            while psutil.pid_exists(helper):  # ended and reaped by the worker
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        else:
+            while psutil.Process(helper).cmdline()[:1] != ["sleep"]:  # what a scan reads
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            dog.scan(force=True)
+            os.kill(helper, signal.SIGKILL)
+            time.sleep(0.2)
+        assert dog.death() is None and helper not in dog.watched
+        os.kill(worker, signal.SIGKILL)
+        died = _found(dog)
+        assert (died.role, died.pid, died.how) == ("worker", worker, "SIGKILL"), died
     finally:
         _stop(root)
 

@@ -125,6 +125,15 @@ class _Watched:
     role: str
     title: str
     pidfd: int | None
+    # its parent's title when a scan found it: a fork carries its parent's title until it
+    # sets its own (a worker) or execs another program (vLLM's engine core and worker run
+    # `lscpu` through a shell while they start)
+    parent_title: str = ""
+
+    @property
+    def own_title(self) -> bool:
+        """Whether it has shown a title of its own (not only the one it was forked with)."""
+        return self.title != self.parent_title
 
 
 class Watchdog:
@@ -147,7 +156,7 @@ class Watchdog:
         self._add(root, "API server")  # untitled: its command line names machine paths
 
     # -- finding the processes -------------------------------------------------------------
-    def _add(self, pid: int, role: str, title: str = "") -> None:
+    def _add(self, pid: int, role: str, title: str = "", parent_title: str = "") -> None:
         try:
             started = psutil.Process(pid).create_time()
         except psutil.Error:
@@ -156,7 +165,14 @@ class Watchdog:
             pidfd = os.pidfd_open(pid)
         except (OSError, AttributeError):  # gone already, or no pidfds (not Linux ≥ 5.3)
             pidfd = None
-        self.watched[pid] = _Watched(pid, started, role, title, pidfd)
+        self.watched[pid] = _Watched(pid, started, role, title, pidfd, parent_title)
+
+    def _drop(self, w: _Watched) -> None:
+        """No longer one of the engine's processes (it ran another program)."""
+        if w.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(w.pidfd)
+        self.watched.pop(w.pid, None)
 
     def scan(self, force: bool = False) -> None:
         """Watch the processes of the engine's group titled as the kind titles its own."""
@@ -168,11 +184,13 @@ class Watchdog:
             members = psutil.Process(self.root).children(recursive=True)
         except psutil.Error:
             return
-        for w in self.watched.values():  # a forked process titles itself after its fork
+        for w in list(self.watched.values()):  # a forked process titles itself after its fork
             if w.pid != self.root:
                 with contextlib.suppress(psutil.Error):
                     w.title = _title(psutil.Process(w.pid)) or w.title
                     w.role = _role_of(w.title)
+                if not w.title.startswith(self.titles):  # it ran another program
+                    self._drop(w)
         for p in members:
             if p.pid in self.watched:
                 continue
@@ -182,10 +200,12 @@ class Watchdog:
                 title = _title(p) or p.name()
                 if os.getpgid(p.pid) != self.root:
                     continue
+                parent = _title(psutil.Process(p.ppid())) if title.startswith(self.titles) \
+                    else ""
             except (psutil.Error, OSError):
                 continue
             if title.startswith(self.titles):
-                self._add(p.pid, _role_of(title), title)
+                self._add(p.pid, _role_of(title), title, parent)
 
     # -- asking ----------------------------------------------------------------------------
     def death(self) -> Death | None:
@@ -202,13 +222,24 @@ class Watchdog:
         else:
             gone = []
         gone += [w for w in self.watched.values() if w.pidfd is None and not _running(w)]
-        if gone:
-            # several at once: the one a signal killed is the cause (the others exited because
-            # it did: vLLM's own monitors end the rest), the first found of those
-            found = [(w, self._how(w)) for w in gone]
-            w, how = min(found, key=lambda f: not f[1].startswith(KILLED_BY))
+        found = []
+        for w in gone:
+            how = self._how(w)
             if title := _last_title(w):  # a forked child may have titled itself since a scan
                 w.title, w.role = title, _role_of(title)
+            # a command its parent ran, not the engine (a scan caught it between fork and
+            # exec: once, on two busy cores, vLLM's `lscpu` failed a start): it ran another
+            # program, or it never showed a title of its own and ended by itself (killed, it
+            # counts: a worker killed before it titled itself)
+            if w.pid != self.root and (not w.title.startswith(self.titles) or (
+                    not w.own_title and not how.startswith(KILLED_BY))):
+                self._drop(w)
+            else:
+                found.append((w, how))
+        if found:
+            # several at once: the one a signal killed is the cause (the others exited because
+            # it did: vLLM's own monitors end the rest), the first found of those
+            w, how = min(found, key=lambda f: not f[1].startswith(KILLED_BY))
             self._death = Death(w.role, w.title, w.pid, how, time.time())
         return self._death
 
