@@ -30,8 +30,11 @@ if __name__ == "__main__":
         if child == 0:
             while True:
                 time.sleep(1)
-        with open(out + ".child", "w") as f:
+        # by a rename, whole: the test polls for the name (written in place, it was once read
+        # empty on two busy cores)
+        with open(out + ".child.tmp", "w") as f:
             f.write(str(child))
+        os.replace(out + ".child.tmp", out + ".child")
         what = "serve"
     if what == "serve":
         while True:
