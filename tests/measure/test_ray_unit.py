@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from tunebook.inputs import params as P
+from tunebook.inputs.executor import EXECUTOR
+from tunebook.measure.executors import ray_address
 from tunebook.measure.executors import ray_cluster as R
 
 BASE = {"experiment": "x", "model": "qwen3-tiny", "load": {"users": [1]}}
@@ -53,9 +55,12 @@ def test_the_worker_runs_its_share_here(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_executor_in_params() -> None:
     p = P.parse({**BASE, "executor": "ray:auto"})
-    assert p.executor == "ray:auto" and P.parse(p.to_dict()).executor == "ray:auto"
-    assert "executor" not in P.parse(BASE).to_dict()
-    for bad, key in (("slurm", "executor"), ("ray:", "executor")):
+    assert p.section(EXECUTOR) == P.parse(p.to_dict()).section(EXECUTOR) == "ray:auto"
+    assert "executor" not in P.parse(BASE).to_dict() and P.parse(BASE).section(EXECUTOR) == "local"
+    assert ray_address(p) == "auto"
+    assert ray_address(P.parse({**BASE, "executor": "ray"})) == "local"
+    assert ray_address(P.parse(BASE)) is None
+    for bad, key in (("slurm", "executor"), ("ray:", "executor"), (6379, "quote it")):
         with pytest.raises(P.ParamsError) as e:
             P.parse({**BASE, "executor": bad})
         assert key in str(e.value)

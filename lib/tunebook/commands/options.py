@@ -18,6 +18,7 @@ from typing import Any
 from tunebook.commands.base import EXIT_OK, EXIT_WORSE_THAN_LAST
 from tunebook.core import config
 from tunebook.inputs import params as P
+from tunebook.inputs.executor import ray_address_problem
 from tunebook.inputs.slo import SEARCH, SLO
 from tunebook.models.presets import PRESETS, ModelNotFoundError, resolve_model
 
@@ -97,7 +98,7 @@ def _ray(args: argparse.Namespace) -> None:
 
 def _ray_address(text: str) -> str:
     """An argparse type: `local`, or a Ray address params would take (ray_address_problem)."""
-    why = None if text == "local" else P.ray_address_problem(text)
+    why = None if text == "local" else ray_address_problem(text)
     if why:
         raise argparse.ArgumentTypeError(why)
     return text

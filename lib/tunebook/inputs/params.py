@@ -48,6 +48,7 @@ from tunebook.core.files import FOLDER_NAME
 from tunebook.core.sections import SECTIONS, Section
 from tunebook.inputs import (
     cost,  # noqa: F401 - the owners of params sections register them
+    executor,  # noqa: F401 - (where engine configs run: executor)
     slo,  # noqa: F401 - (`tunebook tune`'s bounds and space: slo, search)
 )
 from tunebook.inputs.load import (
@@ -109,7 +110,7 @@ PROBE_UNUSED_KEYS = ("num_prefixes", "prompts_per_user", "min_prompts", "num_pro
 TOP_KEYS = (
     "experiment", "notebook", "model", "description", "engine", "engine_grid", "engine_env",
     "load", "repeats", "max_runs", "max_prompts", "startup_timeout_s", "run_timeout_s", "figures",
-    "parts", "start_together", "figures_only", "executor",
+    "parts", "start_together", "figures_only",
     *SECTIONS.names(),
 )
 T = TypeVar("T")
@@ -278,9 +279,6 @@ class SweepParams:
     parts: tuple[Part, ...] = ()  # several load shapes; empty: engine_grid × load
     # Engine configs started at once, then measured one at a time (tunebook.measure.sweep).
     start_together: int = 1
-    # Where engine configs run: "local" (one at a time here), "ray" (a local Ray cluster) or
-    # "ray:ADDRESS" (a running one): tunebook.measure.executors.ray_cluster. Not part of any run id.
-    executor: str = "local"
     # True: the figures need no engine (chapter 6's layout helper): nothing is planned
     figures_only: bool = False
     # the sections their mechanisms own (tunebook.core.sections): key -> value, set ones only
@@ -324,8 +322,6 @@ class SweepParams:
         }
         if self.start_together != 1:
             out["start_together"] = self.start_together
-        if self.executor != "local":
-            out["executor"] = self.executor
         if self.figures_only:
             out = {k: v for k, v in out.items() if k not in ENGINE_KEYS}
             out["figures_only"] = True
@@ -563,18 +559,6 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
     start_together = v.number(data, "start_together", int, 1, lo=1)
     together = start_together if isinstance(start_together, int) else 1
     figures_only = v.get(data, "figures_only", bool, default=False)
-    executor = v.get(data, "executor", str, default="local")
-    if isinstance(executor, str) and not (executor in ("local", "ray") or (
-            executor.startswith("ray:") and executor[4:].strip())):
-        v.err("executor", f"must be 'local', 'ray' (a local Ray cluster) or 'ray:ADDRESS' "
-                          f"(e.g. ray:auto), got {executor!r}")
-    elif isinstance(executor, str) and executor.startswith("ray:"):
-        why = ray_address_problem(executor[4:])
-        if why:
-            v.err("executor", why)
-    elif executor != "local" and isinstance(start_together, int) and start_together > 1:
-        v.err("start_together", "is for engines sharing one machine; on Ray each engine "
-                                "config is its own task on its own GPUs: leave it out")
     if figures_only is True:
         for key in ENGINE_KEYS:
             if key in data:
@@ -630,7 +614,6 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
         repeats=repeats, max_runs=max_runs, max_prompts=max_prompts,
         startup_timeout_s=float(startup_timeout_s), run_timeout_s=float(run_timeout_s),
         figures=figures, parts=parts, start_together=start_together,
-        executor=executor if isinstance(executor, str) else "local",
         figures_only=figures_only is True, sections=sections, source=source,
     )
 
@@ -1164,24 +1147,6 @@ def _int_list(v: _Validator, raw: Any, key: str) -> list[int]:
         dups = sorted({x for x in out if out.count(x) > 1})
         v.err(key, f"has duplicates ({_short(dups)}): list each value once")
     return out
-
-
-_RAY_ADDRESS = re.compile(r"(?:ray://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>\d+)")
-
-
-def ray_address_problem(address: str) -> str | None:
-    """Why a Ray cluster address cannot be reached as written (None: `auto`, or HOST:PORT /
-    ray://HOST:PORT with a port 1-65535): said before any engine starts, not by ray.init."""
-    address = address.strip()
-    if address == "auto":
-        return None
-    m = _RAY_ADDRESS.fullmatch(address)
-    if not m:
-        return (f"ray:{address!r} is no Ray address: write ray:auto (the cluster this machine "
-                "belongs to) or ray:HOST:PORT (e.g. ray:10.0.0.5:6379, ray:ray://head:10001)")
-    if not 1 <= int(m["port"]) <= 65535:
-        return f"ray:{address}: port {m['port']} is not a port (1-65535)"
-    return None
 
 
 def _config_problems(cfg: dict[str, Any], together: int = 1) -> list[tuple[str, str]]:

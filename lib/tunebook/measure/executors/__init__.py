@@ -1,7 +1,8 @@
 """Where a sweep's engine configs run: here, one after the other (`local.LocalExecutor`), or
 spread over a Ray cluster (`ray_cluster.RayExecutor`). An executor takes a `Job` (the params and
 the engine configs with their runs to do) and a `Sink` that stores what comes back; it never
-sees the sweep. A new executor is a module here with a `run(job, sink, bar)`.
+sees the sweep. A new executor is a module here with a `run(job, sink, bar)`, and its value of
+params' `executor:` in tunebook.inputs.executor (which params reads; this folder sits above it).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 from typing import TYPE_CHECKING
 
 from tunebook.core import config
+from tunebook.inputs import executor as spec
 from tunebook.measure.executors.base import RAY_ENV, RAY_SLOTS_ENV
 
 if TYPE_CHECKING:
@@ -23,9 +25,7 @@ def ray_address(params: SweepParams) -> str | None:
     here; None runs the sweep here without Ray."""
     if os.environ.get(RAY_ENV):
         return os.environ[RAY_ENV]
-    if params.executor == "local":
-        return None
-    return {"ray": "local"}.get(params.executor) or params.executor.removeprefix("ray:")
+    return spec.ray_address(params.section(spec.EXECUTOR))
 
 
 def ray_executor(address: str) -> Executor:

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from tunebook.inputs import params as P
+from tunebook.inputs.executor import EXECUTOR
 from tunebook.measure.locks import Terminated
 from tunebook.measure.sweep import Sweep, SweepOptions
 
@@ -40,8 +41,9 @@ def _watch_parent(poll_s: float = 1.0) -> None:
 def _worker(scratch: Path) -> int:
     """Run the runs listed in SCRATCH/runs.json of SCRATCH/params.yaml into SCRATCH/outputs."""
     # the task's share runs here, whatever the params' executor says
-    params = dataclasses.replace(P.parse(yaml.safe_load((scratch / "params.yaml").read_text())),
-                                 executor="local")
+    params = P.parse(yaml.safe_load((scratch / "params.yaml").read_text()))
+    params = dataclasses.replace(params, sections={
+        k: v for k, v in params.sections.items() if k != EXECUTOR.key})
     runs = set(json.loads((scratch / "runs.json").read_text()))
     _watch_parent()
     sweep = Sweep(params, scratch / "outputs", SweepOptions(
