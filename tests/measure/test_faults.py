@@ -195,8 +195,11 @@ def test_runner_signal_mid_run_then_resume(tmp_path: Path, sig: signal.Signals,
     run stops there: its resume would be the same (an engine start, ~8 s)."""
     term = sig == signal.SIGTERM
     grid = [BAD_BACKEND, {}] if term else [{}]
-    # 6 prompts at 2 users: seconds of decoding after the event below, which the freeze holds
-    params = _params(tmp_path, f"sig{int(sig)}", engine=EAGER, engine_grid=grid)
+    # 6 prompts at 2 users, one sequence at a time: seconds of decoding after the event below,
+    # which the freeze holds (two at a time, that point once took 0.87 s and ended before a
+    # poll every 0.1 s saw its reset, on two cores shared with the rest of the suite)
+    params = _params(tmp_path, f"sig{int(sig)}", engine={**EAGER, "max_num_seqs": 1},
+                     engine_grid=grid)
     exp = tmp_path / params.stem
     sweep = _Spawned(params, tmp_path, scheduler=term)
     # Events, not a window: the engine logs the 2-user run's prefix-cache reset (the sweep
