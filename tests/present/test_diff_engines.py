@@ -2,7 +2,7 @@
 experiment — the session's engine config, then the params edited behind the scheduler's back
 to one sequence at a time (eager), then that again. The second is worse beyond noise than the
 first (exit 4, changes__*.json, `tunebook diff` on the two windows exits 1); the third is
-within noise of the second on every metric (the same config and vLLM version, REPEATS repeats
+not worse than the second on any metric (the same config and vLLM version, REPEATS repeats
 each: exit 0); the history marks one step, at the second, naming the engine config that
 changed, and none at the third."""
 
@@ -74,8 +74,12 @@ def test_three_measurements_the_step_at_the_second(tmp_path: Path,
     first, second = (json.loads(p.read_text()) for p in sorted(root.glob("changes__*.json")))
     assert first["diff_exit_code"] == diff.EXIT_WORSE
     assert {w["metric"] for w in first["worse"]} >= {"output_tok_s"}
-    # the same config twice: within noise on every metric measured
-    assert set(second["counts"]) == {diff.NOISE}, second
+    # the same config twice: nothing worse beyond noise (what the exit code says). Not "every
+    # metric within noise": a tail metric of these short runs is heavy-tailed (p99 ITL from 192
+    # gaps came out 0.32x, "better beyond noise", in 1 of 5 runs on a quiet box), which the
+    # t-intervals of 5 repeats do not model (closing note of this change)
+    assert diff.WORSE not in second["counts"] and second["diff_exit_code"] == diff.EXIT_SAME, \
+        second
 
     ms = measurements.read(root)
     assert len(ms) == 3 and all(m.finished for m in ms)
