@@ -42,6 +42,17 @@ def _tree(reaps: bool) -> tuple[subprocess.Popen, int]:
     return root, int(root.stdout.readline())  # type: ignore[union-attr]
 
 
+def _watching(root: subprocess.Popen, pid: int, timeout_s: float = 10.0) -> Watchdog:
+    """A watchdog of `root`'s engine, scanned until it watches `pid`."""
+    dog = Watchdog(root.pid, ("VLLM::",), root.poll)
+    deadline = time.monotonic() + timeout_s
+    while pid not in dog.watched:
+        assert time.monotonic() < deadline, f"pid {pid} never watched"
+        dog.scan(force=True)
+        time.sleep(0.05)
+    return dog
+
+
 def _found(dog: Watchdog, timeout_s: float = 5.0) -> watchdog.Death:
     deadline = time.monotonic() + timeout_s
     while (d := dog.death()) is None:
@@ -70,12 +81,7 @@ def _pidfs_exit_info() -> bool:
 def test_a_titled_child_killed_is_the_engines_death(reaps: bool) -> None:
     root, child = _tree(reaps)
     try:
-        dog = Watchdog(root.pid, ("VLLM::",), root.poll)
-        deadline = time.monotonic() + 10
-        while child not in dog.watched:
-            assert time.monotonic() < deadline
-            dog.scan(force=True)
-            time.sleep(0.05)
+        dog = _watching(root, child)
         assert dog.death() is None and dog.stopped() is None
         os.kill(child, signal.SIGSTOP)  # hung, not dead
         time.sleep(0.2)
@@ -124,12 +130,8 @@ def test_a_worker_killed_after_it_titled_itself_is_the_worker(tmp_path: Path) ->
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         core, worker = map(int, root.stdout.readline().split())  # type: ignore[union-attr]
-        dog = Watchdog(root.pid, ("VLLM::",), root.poll)
+        dog = _watching(root, worker)
         deadline = time.monotonic() + 10
-        while worker not in dog.watched:
-            assert time.monotonic() < deadline
-            dog.scan(force=True)
-            time.sleep(0.05)
         assert dog.watched[worker].role == "engine core"  # the title it was forked with
         go.touch()
         while Path(f"/proc/{worker}/comm").read_text().strip() != "VLLM::Worker":
@@ -172,12 +174,8 @@ def test_a_command_the_worker_runs_is_not_the_engine(tmp_path: Path, command: st
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         worker, helper = map(int, root.stdout.readline().split())  # type: ignore[union-attr]
-        dog = Watchdog(root.pid, ("VLLM::",), root.poll)
+        dog = _watching(root, helper)
         deadline = time.monotonic() + 10
-        while helper not in dog.watched:
-            assert time.monotonic() < deadline
-            dog.scan(force=True)
-            time.sleep(0.05)
         assert not dog.watched[helper].own_title and dog.watched[worker].own_title
         go.touch()
         if command == "exit 0":

@@ -198,14 +198,12 @@ class Watchdog:
                 # a zombie has no command line left, but keeps its name (setproctitle sets
                 # both): one that died between two scans is still found, and how it ended
                 title = _title(p) or p.name()
-                if os.getpgid(p.pid) != self.root:
+                if os.getpgid(p.pid) != self.root or not title.startswith(self.titles):
                     continue
-                parent = _title(psutil.Process(p.ppid())) if title.startswith(self.titles) \
-                    else ""
+                parent = _title(psutil.Process(p.ppid()))
             except (psutil.Error, OSError):
                 continue
-            if title.startswith(self.titles):
-                self._add(p.pid, _role_of(title), title, parent)
+            self._add(p.pid, _role_of(title), title, parent)
 
     # -- asking ----------------------------------------------------------------------------
     def death(self) -> Death | None:
