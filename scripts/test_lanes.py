@@ -44,8 +44,9 @@ def _quick_lane() -> None:
     os.nice(QUICK_NICE)
 
 
-def _follow(log: Path, proc: subprocess.Popen, offset: int) -> int:
-    """Print what the log gains until the process exits; the offset printed up to."""
+def _follow(log: Path, proc: subprocess.Popen) -> None:
+    """Print what the log gains until the process exits."""
+    offset = 0
     while True:
         done = proc.poll() is not None
         with log.open("rb") as f:
@@ -56,7 +57,7 @@ def _follow(log: Path, proc: subprocess.Popen, offset: int) -> int:
             sys.stdout.flush()
             offset += len(chunk)
         if done:
-            return offset
+            return
         time.sleep(0.5)
 
 
@@ -76,7 +77,7 @@ def main(args: list[str]) -> int:
         quick_s = time.monotonic() - t0
         print(f"\n[quick lane: exit {quick} after {quick_s:.0f} s; the engine lane so far "
               f"and as it goes ({log})]", flush=True)
-        _follow(log, engine, 0)
+        _follow(log, engine)
     except KeyboardInterrupt:  # Ctrl-C reached both sessions (one process group): let them end
         engine.send_signal(signal.SIGINT)
         engine.wait()
