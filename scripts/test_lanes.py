@@ -10,6 +10,12 @@ fills the cores the engine lane leaves idle. Each lane keeps its own session fix
 engine, replots, state dir) and its own order (conftest), exactly as `pytest -m engine` and
 `pytest -m "not engine"` run them; each has its own temp folder, kept until the next run.
 
+Tests marked `quiet` (they compare measurements of separate runs: a busy core between two of
+them reads as a step) wait for the quick lane to end: the engine lane is told of a file that
+appears when it does (QUICK_DONE_ENV; conftest's `quiet_box`). In CI the quick lane once took
+353 s beside the engine lane (222–228 s on the 2-core box here), and the diff test, ordered
+after most engine tests, measured its second and third runs on either side of its end.
+
 The quick lane prints live; the engine lane's output follows as it goes once the quick lane is
 done (its log: TMP/tunebook-tests-*/engine.log). The exit code is the first lane's failure, or 0.
 Extra arguments go to both sessions (`python scripts/test_lanes.py tests/servers`)."""
@@ -29,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 LANES = {"quick": "not engine", "engine": "engine"}
 QUICK_NICE = 19  # the quick lane's niceness, the lowest (the engine lane: 0)
 NO_TESTS = 5  # pytest's exit code when a lane selected nothing (a path of one lane's tests)
+QUICK_DONE_ENV = "TUNEBOOK_QUICK_LANE_DONE"  # a file that appears when the quick lane ends
 
 
 def _command(lane: str, root: Path, args: list[str]) -> list[str]:
@@ -67,13 +74,19 @@ def main(args: list[str]) -> int:
     root = Path(tempfile.gettempdir()) / f"tunebook-tests-{tag}"
     root.mkdir(exist_ok=True)
     log = root / "engine.log"
+    done = root / "quick.done"
+    done.unlink(missing_ok=True)
     t0 = time.monotonic()
     with log.open("wb") as out:
         engine = subprocess.Popen(_command("engine", root, args), cwd=REPO, stdout=out,
-                                  stderr=subprocess.STDOUT)
+                                  stderr=subprocess.STDOUT,
+                                  env={**os.environ, QUICK_DONE_ENV: str(done)})
     try:
-        quick = subprocess.run(_command("quick", root, args), cwd=REPO,
-                               preexec_fn=_quick_lane).returncode
+        try:
+            quick = subprocess.run(_command("quick", root, args), cwd=REPO,
+                                   preexec_fn=_quick_lane).returncode
+        finally:  # ended, however: the engine lane's quiet tests must not wait on it
+            done.touch()
         quick_s = time.monotonic() - t0
         print(f"\n[quick lane: exit {quick} after {quick_s:.0f} s; the engine lane so far "
               f"and as it goes ({log})]", flush=True)

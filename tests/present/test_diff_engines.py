@@ -25,7 +25,8 @@ from tunebook.measure.sweep import Sweep, SweepOptions
 from tunebook.present import diff, history
 from tunebook.results import measurements
 
-pytestmark = pytest.mark.engine
+# quiet: its three measurements are compared, so nothing else may run beside them (conftest)
+pytestmark = [pytest.mark.engine, pytest.mark.quiet]
 
 # Runs of a third of a second on the shared engine vary 3x on 2 busy cores (393, 918, 325
 # tok/s once): with three a side, the family-wise interval of the ratio reached past 1 and
