@@ -104,6 +104,23 @@ def test_points_are_stored_runs_and_a_config_starts_once(sim: dict, tmp_path: Pa
     assert len(runs) == len(sim["benched"]) == len(res.points)
 
 
+def test_one_sweep_serves_the_whole_search(sim: dict, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search holds one sweep open: its params recorded once, the stored runs read once
+    (not once per point: a search of n points read the runs n times), one lock taken."""
+    from tunebook.results.store import Store
+    reads, locks = [], []
+    rows = Store.rows
+    monkeypatch.setattr(Store, "rows", lambda self: reads.append(1) or rows(self))
+    lock = S.experiment_lock
+    monkeypatch.setattr(S, "experiment_lock", lambda root: locks.append(root) or lock(root))
+    res, _ = _search(_params(), tmp_path / "out")
+    assert len(res.points) > 10
+    # read when the sweep opens, and once more for the results table when the search ends
+    assert (len(reads), len(locks)) == (2, 1)
+    assert len(list((tmp_path / "out" / "slo-sim" / "inputs").glob("params__*.yaml"))) == 1
+
+
 def test_interrupted_search_resumes_without_rerunning_points(sim: dict,
                                                               tmp_path: Path) -> None:
     out = tmp_path / "out"

@@ -17,6 +17,13 @@ from tunebook.core.registry import Registry
 T = TypeVar("T")
 
 
+def type_name(x: Any) -> str:
+    """A YAML value's type as a problem says it ("got a list [...]")."""
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number",
+            type(None): "nothing (null)"}.get(type(x), type(x).__name__)
+
+
 class Checker(Protocol):
     """What tunebook.inputs.params' validator offers code that checks its own part of params
     (a section, a server kind): params asks them; they never import params."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tunebook.core.sections import SECTIONS, Checker, Section
+from tunebook.core.sections import SECTIONS, Checker, Section, type_name
 
 LOCAL = "local"
 _RAY_ADDRESS = re.compile(r"(?:ray://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>\d+)")
@@ -36,9 +36,7 @@ def problem(value: Any) -> str | None:
     """What is wrong with an `executor:` value (None: nothing)."""
     if not isinstance(value, str):
         hint = " (quote it)" if isinstance(value, int | float | bool) else ""
-        kind = {bool: "a boolean", int: "an integer", float: "a number", list: "a list",
-                dict: "a mapping"}.get(type(value), type(value).__name__)
-        return f"must be a string{hint}, got {kind} {value!r}"
+        return f"must be a string{hint}, got {type_name(value)} {value!r}"
     if value in (LOCAL, "ray"):
         return None
     if value.startswith("ray:") and value[4:].strip():

@@ -45,7 +45,7 @@ import yaml
 
 from tunebook.core import hardware, knobs
 from tunebook.core.files import FOLDER_NAME
-from tunebook.core.sections import SECTIONS, Section
+from tunebook.core.sections import SECTIONS, Section, type_name
 from tunebook.inputs import (
     cost,  # noqa: F401 - the owners of params sections register them
     executor,  # noqa: F401 - (where engine configs run: executor)
@@ -514,7 +514,7 @@ def parse(data: Any, source: str = "<params>", overrides: dict | None = None) ->
                                         "(see params/quickstart.yaml)")])
     if not isinstance(data, dict):
         raise ParamsError(source, [("", f"top level must be a mapping of keys (experiment: ..., "
-                                        f"model: ...), got {_tname(data)}")])
+                                        f"model: ...), got {type_name(data)}")])
     if overrides:
         data = apply_overrides(data, overrides, source)
     v = _Validator(source)
@@ -652,7 +652,7 @@ def _parts(v: _Validator, data: dict, model: Any, engine: dict[str, Any], max_ru
         return ()
     if not isinstance(raw, list) or not raw:
         v.err("parts", f"must be a non-empty list of {{name, engine_grid, load}}, got "
-                       f"{_tname(raw)} {_short(raw)}")
+                       f"{type_name(raw)} {_short(raw)}")
         return ()
     if "engine_grid" in data:
         v.err("engine_grid", "with parts, each part has its own engine_grid: move it there")
@@ -661,7 +661,7 @@ def _parts(v: _Validator, data: dict, model: Any, engine: dict[str, Any], max_ru
     for i, item in enumerate(raw):
         key = f"parts[{i}]"
         if not isinstance(item, dict):
-            v.err(key, f"must be a mapping with name, engine_grid and load, got {_tname(item)}")
+            v.err(key, f"must be a mapping with name, engine_grid and load, got {type_name(item)}")
             continue
         v.unknown(item, PART_KEYS, key)
         name = item.get("name")
@@ -678,7 +678,7 @@ def _parts(v: _Validator, data: dict, model: Any, engine: dict[str, Any], max_ru
                             if isinstance(max_runs, int) else DEFAULT_MAX_RUNS)
         load_raw = item.get("load", {})
         if not isinstance(load_raw, dict):
-            sub.err("load", f"must be a mapping, got {_tname(load_raw)}")
+            sub.err("load", f"must be a mapping, got {type_name(load_raw)}")
             load_raw = {}
         inherited = dict(top_load)
         if {**top_load, **load_raw}.get("dataset") == "block_reuse":
@@ -848,7 +848,7 @@ def _engine_grid(v: _Validator, raw: Any, max_runs: int) -> list[dict[str, Any]]
                                                              for k in knobs))]
     if not isinstance(raw, list):
         v.err("engine_grid", f"must be a list of knob overrides or a mapping of knob -> list, "
-                             f"got {_tname(raw)}")
+                             f"got {type_name(raw)}")
         return [{}]
     if not raw:
         v.err("engine_grid", "is empty: give at least one engine config ({} = vLLM defaults)")
@@ -859,7 +859,7 @@ def _engine_grid(v: _Validator, raw: Any, max_runs: int) -> list[dict[str, Any]]
         item = {} if item is None else item
         if not isinstance(item, dict):
             v.err(f"engine_grid[{i}]", f"must be a mapping of knobs such as "
-                                       f"{{max_num_seqs: 4}}, got {_tname(item)} {_short(item)}")
+                                       f"{{max_num_seqs: 4}}, got {type_name(item)} {_short(item)}")
             continue
         n0 = len(v.problems)
         knobs = v.knobs({k: x for k, x in item.items() if k not in ENTRY_KINDS},
@@ -892,7 +892,7 @@ def _engine_env(v: _Validator, raw: Any) -> dict[str, str]:
                        "shell that runs tunebook")
         elif isinstance(val, bool) or not isinstance(val, str | int | float):
             v.err(key, f"must be a string or number (quote true/false: '1' or '0'), got "
-                       f"{_tname(val)} {_short(val)}")
+                       f"{type_name(val)} {_short(val)}")
         else:
             env[k] = str(val)
     return env
@@ -1096,7 +1096,7 @@ def _prefix_lens(v: _Validator, raw: Any) -> list[int]:
     for i, x in enumerate(values):
         key = f"load.prefix_len[{i}]" if isinstance(raw, list) else "load.prefix_len"
         if isinstance(x, bool) or not isinstance(x, int) or x < 0:
-            v.err(key, f"must be an integer >= 0 (tokens), got {_tname(x)} {_short(x)}")
+            v.err(key, f"must be an integer >= 0 (tokens), got {type_name(x)} {_short(x)}")
         else:
             out.append(x)
     if len(set(out)) != len(out):
@@ -1135,7 +1135,7 @@ def _probe_checks(v: _Validator, raw: dict, users: list[int], rates: list[float 
 def _int_list(v: _Validator, raw: Any, key: str) -> list[int]:
     if not isinstance(raw, list) or not raw:
         v.err(key, f"must be a non-empty list of positive integers such as [1, 2, 4, 8], got "
-                   f"{_tname(raw)} {_short(raw)}")
+                   f"{type_name(raw)} {_short(raw)}")
         return []
     out = []
     for i, x in enumerate(raw):
@@ -1155,18 +1155,14 @@ def _config_problems(cfg: dict[str, Any], together: int = 1) -> list[tuple[str, 
     return server_kinds.problems(cfg, together)
 
 
-def _tname(x: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
-            int: "an integer", float: "a number",
-            type(None): "nothing (null)"}.get(type(x), type(x).__name__)
-
-
 _short = knobs.short
 
 def _knob_problem(k: str, val: Any) -> str | None:
     """What is wrong with engine knob `k` set to `val` (None = vLLM's default is fine)."""
     knob = knobs.KNOBS[k]
-    return None if knob.accepts(val) else f"must be {knob.allowed}, got {_tname(val)} {_short(val)}"
+    if knob.accepts(val):
+        return None
+    return f"must be {knob.allowed}, got {type_name(val)} {_short(val)}"
 
 
 class _Validator:
@@ -1200,7 +1196,7 @@ class _Validator:
         val = data[key]
         if not isinstance(val, typ) or (typ is not bool and isinstance(val, bool)):
             hint = " (quote it)" if typ is str and isinstance(val, int | float | bool) else ""
-            self.err(where, f"must be {_tname(typ())}{hint}, got {_tname(val)} {_short(val)}")
+            self.err(where, f"must be {type_name(typ())}{hint}, got {type_name(val)} {_short(val)}")
             return default
         return val
 
@@ -1213,7 +1209,7 @@ class _Validator:
         want = "an integer" if typ is int else "a number"
         if isinstance(val, bool) or not isinstance(val, typ) \
                 or (isinstance(val, float) and math.isnan(val)):
-            self.err(where, f"must be {want} >= {lo:g}, got {_tname(val)} {_short(val)}")
+            self.err(where, f"must be {want} >= {lo:g}, got {type_name(val)} {_short(val)}")
             return default
         if val < lo:
             self.err(where, f"must be {want} >= {lo:g}, got {val!r}")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,12 +147,23 @@ class Sweep:
 
     # -- running ----------------------------------------------------------------------------
     def run(self) -> SweepResult:
-        # every model of the grid, draft models included, resolves before any engine starts
+        models = self.resolve(self.plan)
+        with self.open() as session:
+            return session.run(self.params, self.plan, models)
+
+    def resolve(self, plan: Plan) -> dict:
+        """Every model of the plan, draft models included, resolved before any engine starts;
+        on Ray the node that runs a config must have its engine kind installed."""
         with self.steps.time("resolve models"):
-            models = {e.model: resolve_model(e.model) for e in self.plan.engines}
-            # on Ray the node that runs a config must have its engine kind installed
-            server_kinds.preflight([e.knobs for e in self.plan.engines],
-                                   here=self.executor is None)
+            models = {e.model: resolve_model(e.model) for e in plan.engines}
+            server_kinds.preflight([e.knobs for e in plan.engines], here=self.executor is None)
+        return models
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[SweepSession]:
+        """The sweep held open: checked, locked, its inputs recorded and its stored runs read,
+        once. `run` hands it its own plan; the SLO search (tunebook.search.tune) hands it one
+        point after another, each chosen from the last."""
         config.deadline()  # a malformed deadline is said now, before anything is written
         self.store.check_writable()
         if self.executor is None and (left := reap_shared_memory(every_s=SHM_REAP_EVERY_S)):
@@ -169,7 +180,7 @@ class Sweep:
                 with self.steps.time("record inputs"):
                     self.record_inputs()
             try:
-                return self._run(models)
+                yield SweepSession(self)
             finally:
                 if opts.on_finish is not None:
                     opts.on_finish(self.store)
@@ -186,42 +197,6 @@ class Sweep:
         replace_atomic(self.store.root / "plan.json",
                        json.dumps(self.plan.to_dict(), indent=1, default=str).encode())
 
-    def _run(self, models: dict) -> SweepResult:
-        with self.steps.time("resume (read stored runs)"):
-            rows = self.store.rows()
-            resume = self.resume(rows)
-        self.starts.stored_ok = [r for r in rows if r.get("status") == schema.STATUS_OK]
-        only = self.options.only_runs
-        todo = [r for r in self.plan.runs if r.run_id not in resume.done
-                and (only is None or r.run_id in only)]
-        rerun = [r for r in todo if r.run_id in resume.rerun]
-        if rerun:  # said, not silent: these have ok results, from another vLLM
-            old = sorted({v or "unrecorded" for r in rerun for v in resume.rerun[r.run_id]})
-            print(f"{self.params.experiment}: {len(rerun)} run(s) done with vLLM "
-                  f"{', '.join(old)} run again under the installed vLLM {resume.installed}",
-                  file=sys.stderr)
-        result = SweepResult(self.store, self.plan, skipped=len(self.plan.runs) - len(todo),
-                             steps=self.steps)
-        bar = progress.bar(len(todo), f"{self.params.experiment}", self.options.progress)
-        work = [(cfg, [r for r in todo if r.engine.id == cfg.id]) for cfg in self.plan.engines]
-        work = [(cfg, runs) for cfg, runs in work if runs]
-        executor = self.executor
-        if executor is None:
-            if loads.any_uses_vllm_client(r.point for r in todo):
-                client.prefetch_client()  # imported while the first engine starts, at nice 19
-            executor = self.local_executor()
-        try:
-            if work:
-                executor.run(Job(self.params, work, models),
-                             StoreSink(self.store, result, self.options.on_result,
-                                       self.starts), bar)
-        finally:
-            bar.close()
-            if self.options.rebuild_table:
-                with self.steps.time("rebuild table"):
-                    self.store.rebuild_table()
-        return result
-
     def local_executor(self) -> LocalExecutor:
         """Engine configs run here, from the supply the options ask for."""
         start = server_kinds.StartSettings(timeout_s=self.params.startup_timeout_s,
@@ -232,6 +207,57 @@ class Sweep:
                   TogetherSupply(ctx, self.params.start_together)
                   if self.params.start_together > 1 else FreshSupply(ctx))
         return LocalExecutor(supply, PointContext(self.params, self.store.root, steps=self.steps))
+
+
+class SweepSession:
+    """An open sweep (Sweep.open): one executor, and the stored rows read once, to which what
+    it stores is added, for every plan handed to it."""
+
+    def __init__(self, sweep: Sweep):
+        self.sweep = sweep
+        with sweep.steps.time("resume (read stored runs)"):
+            self.rows = sweep.store.rows()
+        sweep.starts.stored_ok = [r for r in self.rows if r.get("status") == schema.STATUS_OK]
+        self.executor = sweep.executor
+        self._prefetched = False
+
+    def run(self, params: SweepParams, plan: Plan, models: dict) -> SweepResult:
+        """The runs of `plan` (made from `params`) that are not done yet, measured and stored;
+        the others skipped."""
+        sweep, opts = self.sweep, self.sweep.options
+        resume = sweep.resume(self.rows)
+        only = opts.only_runs
+        todo = [r for r in plan.runs if r.run_id not in resume.done
+                and (only is None or r.run_id in only)]
+        rerun = [r for r in todo if r.run_id in resume.rerun]
+        if rerun:  # said, not silent: these have ok results, from another vLLM
+            old = sorted({v or "unrecorded" for r in rerun for v in resume.rerun[r.run_id]})
+            print(f"{params.experiment}: {len(rerun)} run(s) done with vLLM "
+                  f"{', '.join(old)} run again under the installed vLLM {resume.installed}",
+                  file=sys.stderr)
+        result = SweepResult(sweep.store, plan, skipped=len(plan.runs) - len(todo),
+                             steps=sweep.steps)
+        # no bar for a plan already done (a resumed search asks again for every stored point)
+        bar = progress.bar(len(todo), f"{params.experiment}", opts.progress and bool(todo))
+        work = [(cfg, [r for r in todo if r.engine.id == cfg.id]) for cfg in plan.engines]
+        work = [(cfg, runs) for cfg, runs in work if runs]
+        if self.executor is None:
+            if loads.any_uses_vllm_client(r.point for r in todo) and not self._prefetched:
+                client.prefetch_client()  # imported while the first engine starts, at nice 19
+                self._prefetched = True
+            self.executor = sweep.local_executor()
+        try:
+            if work:
+                self.executor.run(Job(params, work, models),
+                                  StoreSink(sweep.store, result, opts.on_result, sweep.starts),
+                                  bar)
+        finally:
+            self.rows.extend(result.rows)
+            bar.close()
+            if opts.rebuild_table:
+                with sweep.steps.time("rebuild table"):
+                    sweep.store.rebuild_table()
+        return result
 
 
 class StoreSink:

@@ -1,15 +1,18 @@
 """`tunebook tune`: the SLO search (tunebook.search.adaptive) on real engines, through
 tunebook.measure.sweep.
 
-Each point the search asks for — one engine config at one load level — is one ordinary sweep
-of one run: stored as its JSON like every run, skipped when it is already stored (so a search
-that was interrupted resumes where it stopped, and a second search of the same space reuses
-every point), failures recorded with their diagnosis. An EngineKeeper keeps the config's
-engine up while its load levels are bisected, so a config costs one engine start.
+The search holds one sweep open (tunebook.measure.sweep.Sweep.open: checked, locked, its
+stored runs read once) and hands it each point it asks for — one engine config at one load
+level — as a plan of one run: stored as its JSON like every run, skipped when it is already
+stored (so a search that was interrupted resumes where it stopped, and a second search of the
+same space reuses every point), failures recorded with their diagnosis, a dead engine replaced
+(the executor's loop). An EngineKeeper keeps the config's engine up while its load levels are
+bisected, so a config costs one engine start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -23,8 +26,9 @@ import pandas as pd
 from tunebook.core import schema
 from tunebook.inputs import slo
 from tunebook.inputs.params import SweepParams
+from tunebook.inputs.plan import make_plan
 from tunebook.measure.supply import EngineKeeper, run_seconds
-from tunebook.measure.sweep import Sweep, SweepOptions
+from tunebook.measure.sweep import Sweep, SweepOptions, SweepSession
 from tunebook.results import machines, stats
 from tunebook.results.store import Store, latest_attempts, stamp, write_new
 from tunebook.search import adaptive
@@ -54,7 +58,8 @@ class SweepEvaluator:
         # same): its runs' seconds (started_at to finished_at) and its engine's start
         self.costs: dict[str, dict[str, float]] = {}
         self.touched: list[str] = []  # the points this search asked for, in order
-        self._first = True  # the search's own params are recorded once, not one per point
+        self._open = contextlib.ExitStack()  # the sweep held open, from the first point run
+        self._session: SweepSession | None = None
 
     def point_params(self, knobs: dict[str, Any], users: float) -> SweepParams:
         """One point: this engine config at this load level (users, or a trace's speed)."""
@@ -62,29 +67,32 @@ class SweepEvaluator:
         return dataclasses.replace(p, engine_grid=(dict(knobs),), parts=(),
                                    load=p.load.at_level(users))
 
+    def session(self) -> SweepSession:
+        """The search's sweep, opened once (its params and plan recorded then, the machine
+        and the experiment locked until close)."""
+        if self._session is None:
+            sweep = Sweep(self.params, self.outputs, SweepOptions(
+                progress=self.progress, keeper=self.keeper, rebuild_table=False))
+            self._session = self._open.enter_context(sweep.open())
+        return self._session
+
     def __call__(self, knobs: dict[str, Any], users: int) -> dict[str, Any]:
-        if self._first and not self.stored_only:
-            Sweep(self.params, self.outputs, SweepOptions(progress=False)).record_inputs()
-            self._first = False
-        sweep = Sweep(self.point_params(knobs, users), self.outputs, SweepOptions(
-            progress=self.progress, keeper=self.keeper, record_inputs=False,
-            rebuild_table=False))
-        if self.stored_only:
-            rows = self.store.latest_rows(r.run_id for r in sweep.plan.runs)
-            if not rows:
-                return {"status": STATUS_MISSING, "error": "not measured (stored only)"}
-            self.touched.append(slo.point_key(knobs, users))
-            self.costs[slo.point_key(knobs, users)] = point_cost(rows)
-            return self._merge(rows)
-        t0 = time.monotonic()
-        result = sweep.run()
-        self.spent_s += time.monotonic() - t0
-        self.points_run += result.ok + result.failed
-        rows = self.store.latest_rows(r.run_id for r in sweep.plan.runs)
-        self.touched.append(slo.point_key(knobs, users))
+        params = self.point_params(knobs, users)
+        plan = make_plan(params)
+        key = slo.point_key(knobs, users)
+        if not self.stored_only:
+            session = self.session()
+            t0 = time.monotonic()
+            result = session.run(params, plan, session.sweep.resolve(plan))
+            self.spent_s += time.monotonic() - t0
+            self.points_run += result.ok + result.failed
+        rows = self.store.latest_rows(r.run_id for r in plan.runs)
+        if not rows and self.stored_only:
+            return {"status": STATUS_MISSING, "error": "not measured (stored only)"}
+        self.touched.append(key)
         if not rows:
             return {"status": schema.STATUS_FAILED, "error": "the run left no row"}
-        self.costs[slo.point_key(knobs, users)] = point_cost(rows)
+        self.costs[key] = point_cost(rows)
         return self._merge(rows)
 
     @staticmethod
@@ -119,8 +127,13 @@ class SweepEvaluator:
         return sum(starts.values()) + runs
 
     def close(self) -> None:
-        """Stop the kept engine; rebuild the results table once for every point run."""
-        self.keeper.stop()
+        """Close the sweep, stop the kept engine; rebuild the results table once for every
+        point run."""
+        try:
+            self._open.close()
+        finally:
+            self._session = None
+            self.keeper.stop()
         if self.store.runs_dir.is_dir() and not self.stored_only:
             self.store.rebuild_table()
 

@@ -167,6 +167,11 @@ class Watchdog:
             pidfd = None
         self.watched[pid] = _Watched(pid, started, role, title, pidfd, parent_title)
 
+    def _engines(self, w: _Watched) -> bool:
+        """Still one of the engine's processes: the root, or titled as the kind titles its own
+        (a fork that ran another program is not)."""
+        return w.pid == self.root or w.title.startswith(self.titles)
+
     def _drop(self, w: _Watched) -> None:
         """No longer one of the engine's processes (it ran another program)."""
         if w.pidfd is not None:
@@ -189,7 +194,7 @@ class Watchdog:
                 with contextlib.suppress(psutil.Error):
                     w.title = _title(psutil.Process(w.pid)) or w.title
                     w.role = _role_of(w.title)
-                if not w.title.startswith(self.titles):  # it ran another program
+                if not self._engines(w):
                     self._drop(w)
         for p in members:
             if p.pid in self.watched:
@@ -229,8 +234,8 @@ class Watchdog:
             # exec: once, on two busy cores, vLLM's `lscpu` failed a start): it ran another
             # program, or it never showed a title of its own and ended by itself (killed, it
             # counts: a worker killed before it titled itself)
-            if w.pid != self.root and (not w.title.startswith(self.titles) or (
-                    not w.own_title and not how.startswith(KILLED_BY))):
+            if not self._engines(w) or (w.pid != self.root and not w.own_title
+                                        and not how.startswith(KILLED_BY)):
                 self._drop(w)
             else:
                 found.append((w, how))
