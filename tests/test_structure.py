@@ -162,6 +162,25 @@ def test_measuring_code_names_no_load_kind() -> None:
     assert not offenders, f"measuring code that names a load kind: {offenders}"
 
 
+def test_params_names_no_dataset_family() -> None:
+    """Each family of load datasets owns its keys and rules (tunebook.inputs.datasets): params
+    reads the keys every load shares and asks the family, naming none of them. A new load kind
+    touches tunebook.inputs.load (its name), tunebook.inputs.datasets (its family) and
+    tunebook.measure.loads (how it is sent), never params."""
+    from tunebook.inputs import datasets, params
+
+    src = Path(params.__file__).read_text()
+    code = "\n".join(line.split("#", 1)[0] for line in src.splitlines())
+    code = re.sub(r'"""[\s\S]*?"""', "", code)  # docstrings may name them
+    names = [n for f in datasets.FAMILIES for n in f.names if n != "random"]  # the default
+    pattern = re.compile("|".join([r"BLOCK_REUSE|PROMPT_DATASETS|\bFILE\b|WORKLOAD_FILE|"
+                                   r"\bPROBE\b|SYNTHETIC|PROMPT_SETS",
+                                   *(rf"[\"']{re.escape(n)}[\"']" for n in names)]))
+    assert not pattern.findall(code), pattern.findall(code)
+    for f in datasets.FAMILIES:  # and every key a family owns is a load key params allows
+        assert set(f.own_keys) <= set(params.LOAD_KEYS), f.names
+
+
 def test_each_command_has_one_home() -> None:
     """A subcommand is one module of tunebook.commands with one registered Command, and the
     command line's parser offers exactly the registered commands, in their order."""

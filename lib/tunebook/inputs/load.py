@@ -1,7 +1,8 @@
 """Load points: what one run sends a server — dataset, users, request rate, lengths, prompts —
 with a stable identity for its run id, the dataset seed of each run, and the arguments of
-vLLM's benchmark client that send it (`bench_argv`). A new load kind is a dataset here (and its
-params in tunebook.inputs.params); tunebook.measure.client runs whatever arguments it is given.
+vLLM's benchmark client that send it (`bench_argv`). A new load kind is a dataset here, its
+family's keys and rules in tunebook.inputs.datasets, and how it is sent in tunebook.measure.loads
+(vLLM's client runs whatever arguments it is given).
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ on size, nesting and alias expansion, so a mistaken or hostile file fails in mil
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import re
@@ -43,27 +42,22 @@ from typing import Any, TypeVar
 
 import yaml
 
-from tunebook.core import hardware, knobs
+from tunebook.core import knobs
 from tunebook.core.files import FOLDER_NAME
 from tunebook.core.sections import SECTIONS, Section, type_name
 from tunebook.inputs import (
     cost,  # noqa: F401 - the owners of params sections register them
+    datasets,
     executor,  # noqa: F401 - (where engine configs run: executor)
     slo,  # noqa: F401 - (`tunebook tune`'s bounds and space: slo, search)
 )
 from tunebook.inputs.load import (
-    BLOCK_REUSE,
     DATASETS,
-    FILE,
-    PROMPT_DATASETS,
     WorkloadRef,
-    file_state,
 )
-from tunebook.inputs.workloads import formats as workload_formats
 from tunebook.inputs.workloads.replay import Replay
 from tunebook.models import layout  # noqa: F401 - (Fig 6.1's inputs: layout)
 from tunebook.models import presets as models
-from tunebook.models.prompts import MIN_INPUT_LEN
 from tunebook.servers import kinds as server_kinds
 from tunebook.servers import launcher  # noqa: F401 - (the start method: fast_start)
 from tunebook.servers.kinds import ENTRY_KINDS
@@ -90,23 +84,19 @@ ENV_NAME_RE = re.compile(r"^VLLM_[A-Z0-9_]+$")
 SECRET_ENV_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 
 # DATASETS (tunebook.inputs.load): random, random_prefix, prefix_repetition and PROMPT_DATASETS
-# (vLLM's client), block_reuse.
+# (vLLM's client), file, block_reuse; each family of them checks its own keys and rules
+# (tunebook.inputs.datasets).
 # Engine knobs, their types and allowed values: tunebook.core.knobs (one table).
 
 LOAD_KEYS = (
     "dataset", "users", "request_rates", "input_len", "output_len", "prefix_len",
     "num_prefixes", "prompts_per_user", "min_prompts", "num_prompts", "num_warmups",
     "reset_prefix_cache", "seed", "ignore_eos",
-    # dataset: file (tunebook.inputs.workloads)
-    *(WORKLOAD_KEYS := ("file", "format", "window_s", "first", "speeds", "length_scale",
-                        "max_input_len", "max_output_len", "block_tokens", "time_unit_s")),
+    *datasets.OWN_KEYS,  # a family's own (dataset: file's: tunebook.inputs.datasets)
     "goodput",
 )
 # vLLM's --goodput names: per-request bounds in ms (TPOT per request, not every ITL gap)
 GOODPUT_KEYS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2el_ms": "e2el"}
-# Load keys the block-reuse probe has no use for (it sends two requests per point).
-PROBE_UNUSED_KEYS = ("num_prefixes", "prompts_per_user", "min_prompts", "num_prompts",
-                     "num_warmups")
 TOP_KEYS = (
     "experiment", "notebook", "model", "description", "engine", "engine_grid", "engine_env",
     "load", "repeats", "max_runs", "max_prompts", "startup_timeout_s", "run_timeout_s", "figures",
@@ -160,7 +150,7 @@ class LoadParams:
     @property
     def timed(self) -> bool:
         """A trace replayed on its own clock: the speeds are the load axis, not users."""
-        return self.replay is not None and _workload(self.replay).timed
+        return self.replay is not None and datasets.workload(self.replay).timed
 
     def search_levels(self) -> tuple[tuple[float, ...], str]:
         """The load levels a search bisects, and what they are (`tunebook tune`'s LEVELS):
@@ -177,24 +167,28 @@ class LoadParams:
 
     def workload(self) -> WorkloadRef | None:
         """The prepared workload file (read once per process and file state)."""
-        return None if self.replay is None else _workload(self.replay)
+        return None if self.replay is None else datasets.workload(self.replay)
 
     def goodput_arg(self) -> str | None:
         """vLLM's --goodput value, e.g. 'ttft:2000 tpot:100'."""
         return " ".join(f"{GOODPUT_KEYS[k]}:{v:g}" for k, v in self.goodput.items()) or None
 
+    @property
+    def family(self) -> datasets.Family | None:
+        return datasets.family_of(self.dataset)
+
     def prompts(self, users: int) -> int:
         """Measured prompts of the load point at ``users`` concurrent users."""
-        if self.dataset == BLOCK_REUSE:
-            return 2
+        if self.family is not None and self.family.prompts_per_point is not None:
+            return self.family.prompts_per_point
         if self.replay is not None and self.timed:  # (replay: for the type checker)
-            return _workload(self.replay).requests
+            return datasets.workload(self.replay).requests
         return self.num_prompts or max(self.min_prompts, users * self.prompts_per_user)
 
     def warmups(self) -> int:
         # a replay's warm-ups (its first request, num_warmups times) end before vLLM's client
         # starts the trace's clock: they warm the engine without shifting an arrival
-        return 0 if self.dataset == BLOCK_REUSE else self.num_warmups
+        return self.num_warmups if self.family is None or self.family.warms_up else 0
 
     def prompts_sent(self) -> int:
         """Prompts one pass over ``users`` x ``request_rates`` x ``prefix_len`` sends, warm-ups
@@ -203,15 +197,6 @@ class LoadParams:
             return (self.prompts(0) + self.warmups()) * len(self.speeds)
         per_rate = sum(self.prompts(u) + self.warmups() for u in self.users)
         return per_rate * len(self.request_rates) * len(self.prefix_len)
-
-
-def _workload(r: Replay) -> WorkloadRef:
-    return _workload_cached(r, file_state(r))
-
-
-@functools.lru_cache(maxsize=16)
-def _workload_cached(r: Replay, _state: Any) -> WorkloadRef:
-    return WorkloadRef.of(r)  # a changed file (mtime, size) is read again
 
 
 @dataclass(frozen=True)
@@ -237,24 +222,16 @@ class Part:
 
 
 def _load_dict(load: LoadParams) -> dict[str, Any]:
-    """The load as params YAML; the block-reuse probe's leaves out the keys it refuses, a
-    load without a file the file's keys."""
-    skip = PROBE_UNUSED_KEYS if load.dataset == "block_reuse" else ()
+    """The load as params YAML: the shared keys but those its dataset's family refuses (the
+    block-reuse probe's counts), then what the family adds (a workload file's keys)."""
+    family = load.family
+    skip = family.refuses if family else ()
     out = {k: list(v) if isinstance(v, tuple) else v for k, v in load.__dict__.items()
            if k not in (*skip, "replay", "speeds", "goodput")}
     if len(load.prefix_len) == 1:  # a scalar stays a scalar (the panel edits it as one)
         out["prefix_len"] = load.prefix_len[0]
-    r = load.replay
-    if r is not None:
-        d = Replay(r.file)
-        out["file"] = str(r.file)  # as written: relative to the project folder stays so
-        for k in ("format", "first", "length_scale", "max_input_len", "max_output_len",
-                  "block_tokens", "time_unit_s"):
-            if getattr(r, k) != getattr(d, k):
-                out[k] = getattr(r, k)
-        if r.window_s is not None:
-            out["window_s"] = list(r.window_s)
-        out["speeds"] = list(load.speeds)
+    if family is not None:
+        out.update(family.dump(datasets.Extra(load.replay, load.speeds)))
     if load.goodput:
         out["goodput"] = dict(load.goodput)
     return out
@@ -680,10 +657,11 @@ def _parts(v: _Validator, data: dict, model: Any, engine: dict[str, Any], max_ru
         if not isinstance(load_raw, dict):
             sub.err("load", f"must be a mapping, got {type_name(load_raw)}")
             load_raw = {}
-        inherited = dict(top_load)
-        if {**top_load, **load_raw}.get("dataset") == "block_reuse":
-            # the probe refuses counts and warm-ups: the shared load's are for other parts
-            inherited = {k: v for k, v in inherited.items() if k not in PROBE_UNUSED_KEYS}
+        # keys its dataset refuses (the probe's counts and warm-ups) that the shared load
+        # sets are for other parts
+        family = datasets.family_of({**top_load, **load_raw}.get("dataset"))
+        refused = family.refuses if family else ()
+        inherited = {k: v for k, v in top_load.items() if k not in refused}
         load = _load(sub, {**inherited, **load_raw})
         part_figs = _figures(sub, item.get("figures") or [])
         part_timeout = sub.number(item, "run_timeout_s", (int, float), None, lo=1)
@@ -739,7 +717,8 @@ def _context_checks(v: _Validator, model: str, engine: dict[str, Any],
     workload = load.workload()
     if workload is not None and not workload.timed:
         return  # prompts as text: vLLM's client measures them (sharegpt drops long ones)
-    prefix = 0 if load.dataset == BLOCK_REUSE else max(load.prefix_len)
+    in_prompt = load.family is None or load.family.prefix_in_prompt
+    prefix = max(load.prefix_len) if in_prompt else 0
     need = workload.longest[0][1] if workload is not None else \
         prefix + load.input_len + load.output_len
     too_long: dict[str, tuple[int, list[int]]] = {}  # what it exceeds -> (limit, configs)
@@ -767,8 +746,8 @@ def _context_checks(v: _Validator, model: str, engine: dict[str, Any],
                                f"{' …' if len(over) > 3 else ''}; set max_input_len / "
                                f"max_output_len (or a smaller length_scale) or {fix}")
             continue
-        what_len = ("input_len + output_len" if load.dataset == BLOCK_REUSE
-                    else "prefix_len + input_len + output_len")
+        what_len = ("prefix_len + input_len + output_len" if in_prompt
+                    else "input_len + output_len")
         v.err("load.input_len", f"{what_len} = {need:,} exceeds "
                                 f"{what}{which}: shorten the requests or {fix}")
 
@@ -907,9 +886,10 @@ def _load(v: _Validator, raw: Any) -> LoadParams | None:
     dataset = v.get(raw, "dataset", str, default=d.dataset, prefix="load")
     if isinstance(dataset, str) and dataset not in DATASETS:
         v.err("load.dataset", f"must be one of {DATASETS}, got {_short(dataset)}")
-    # the probe is one user; a load defaults to a small concurrency sweep
-    users = _int_list(v, raw.get("users", [1] if dataset == BLOCK_REUSE else list(d.users)),
-                      "load.users")
+    # a load defaults to a small concurrency sweep, a family to its own (the probe: one user)
+    family = datasets.family_of(dataset)
+    default_users = family.default_users if family and family.default_users else d.users
+    users = _int_list(v, raw.get("users", list(default_users)), "load.users")
     rates_raw = raw.get("request_rates", [None])
     rates: list[float | None] = []
     if not isinstance(rates_raw, list) or not rates_raw:
@@ -942,124 +922,19 @@ def _load(v: _Validator, raw: Any) -> LoadParams | None:
         seed=v.number(raw, "seed", int, None, lo=0, prefix="load"),
         ignore_eos=v.get(raw, "ignore_eos", bool, default=d.ignore_eos, prefix="load"),
     )
-    if dataset in ("random_prefix", "prefix_repetition") and 0 in prefix_lens:
-        v.err("load.prefix_len", f"dataset {dataset!r} needs prefix_len > 0 (shared prefix "
-                                 "tokens per prompt)" + (" in every entry" if len(prefix_lens) > 1
-                                                         else ""))
-    if dataset == "random" and any(prefix_lens):
-        v.err("load.prefix_len", "is only used by random_prefix / prefix_repetition / "
-                                 "block_reuse; set dataset: random_prefix")
-    if dataset in PROMPT_DATASETS:
-        if any(prefix_lens):
-            v.err("load.prefix_len", f"dataset {dataset!r} has no shared prefix; leave it 0")
-        # (a bad input_len was reported already and stands here as the default)
-        if raw.get("input_len", d.input_len) == lp["input_len"] < MIN_INPUT_LEN:
-            v.err("load.input_len", f"dataset {dataset!r}: input_len caps each prompt (a "
-                                    "standard-library function, its instruction and the chat "
-                                    f"template), so it must be >= {MIN_INPUT_LEN} tokens, got "
-                                    f"{lp['input_len']}")
-    if dataset == BLOCK_REUSE:
-        _probe_checks(v, raw, users, rates, prefix_lens, lp)
-    file_keys = [k for k in WORKLOAD_KEYS if raw.get(k) is not None]
-    replay, speeds = None, (1.0,)
-    if dataset == FILE:
-        replay, speeds = _workload_keys(v, raw, prefix_lens)
-    elif file_keys:
-        v.err(f"load.{file_keys[0]}", "belongs to a workload file: set dataset: file (and "
-                                      "file: PATH)")
+    extra = datasets.Extra()
+    if family is not None:
+        extra = family.check(v, datasets.Draft(dataset, raw, users, rates, prefix_lens, lp))
+        for other in datasets.FAMILIES:
+            set_here = [k for k in other.own_keys if raw.get(k) is not None]
+            if other is not family and set_here:
+                v.err(f"load.{set_here[0]}", other.own_hint)
     goodput = _goodput(v, raw.get("goodput"))
     if len(v.problems) > n0:
         return LoadParams() if not users else LoadParams(users=tuple(users))
     return LoadParams(dataset=dataset, users=tuple(users), request_rates=tuple(rates),
-                      prefix_len=tuple(prefix_lens), replay=replay, speeds=speeds,
+                      prefix_len=tuple(prefix_lens), replay=extra.replay, speeds=extra.speeds,
                       goodput=goodput, **lp)
-
-
-def _workload_keys(v: _Validator, raw: dict[str, Any],
-                   prefix_lens: list[int]) -> tuple[Replay | None, tuple[float, ...]]:
-    """`dataset: file`: the file and what of it to send, checked now, the file's every line
-    included (before any engine starts)."""
-    n0 = len(v.problems)
-    file = raw.get("file")
-    if not isinstance(file, str) or not file.strip():
-        v.err("load.file", "dataset: file needs file: the workload's path (absolute, or "
-                           "relative to the project folder)")
-        return None, (1.0,)
-    fmt = v.get(raw, "format", str, default="auto", prefix="load")
-    if isinstance(fmt, str) and fmt not in ("auto", *workload_formats.FORMATS):
-        v.err("load.format", f"must be auto or one of {', '.join(workload_formats.FORMATS)}, "
-                             f"got {_short(fmt)}")
-    window = raw.get("window_s")
-    window_s: tuple[float, float] | None = None
-    if window is not None:
-        if (not isinstance(window, list) or len(window) != 2
-                or not all(isinstance(x, int | float) and not isinstance(x, bool)
-                           and math.isfinite(x) for x in window)
-                or not 0 <= window[0] < window[1]):
-            v.err("load.window_s", "must be [start, end] in seconds of the trace's own clock "
-                                   f"(0 <= start < end), got {_short(window)}")
-        else:
-            window_s = (float(window[0]), float(window[1]))
-    speeds_raw = raw.get("speeds", [1])
-    speeds: list[float] = []
-    if not isinstance(speeds_raw, list) or not speeds_raw:
-        v.err("load.speeds", "must be a non-empty list of replay speeds (1 = the trace's own "
-                             f"rate, 2 = twice as fast), got {_short(speeds_raw)}")
-    else:
-        for i, x in enumerate(speeds_raw):
-            if isinstance(x, bool) or not isinstance(x, int | float) or not x > 0 \
-                    or not math.isfinite(x):
-                v.err(f"load.speeds[{i}]", f"must be a number > 0, got {_short(x)}")
-            else:
-                speeds.append(float(x))
-        if len(set(speeds)) != len(speeds):
-            v.err("load.speeds", "has duplicates: each speed runs once per repeat")
-    scale = raw.get("length_scale", 1.0)
-    if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale <= 1 \
-            or not math.isfinite(scale):
-        v.err("load.length_scale", "must be a number in (0, 1]: every length × it (a small "
-                                   f"model, a CPU box), got {_short(scale)}")
-        scale = 1.0
-    unit = raw.get("time_unit_s")
-    if unit is not None and (isinstance(unit, bool) or not isinstance(unit, int | float)
-                             or not unit > 0):
-        v.err("load.time_unit_s", f"must be seconds per timestamp unit (> 0), got "
-                                  f"{_short(unit)}")
-        unit = None
-    if any(prefix_lens):
-        v.err("load.prefix_len", "a workload file brings its own prefixes; leave it 0")
-    r = Replay(
-        file=Path(file.strip()), format=fmt if isinstance(fmt, str) else "auto",
-        window_s=window_s,
-        first=v.number(raw, "first", int, None, lo=1, prefix="load"),
-        length_scale=float(scale),
-        max_input_len=v.number(raw, "max_input_len", int, None, lo=1, prefix="load"),
-        max_output_len=v.number(raw, "max_output_len", int, None, lo=1, prefix="load"),
-        block_tokens=v.number(raw, "block_tokens", int, None, lo=1, prefix="load"),
-        time_unit_s=None if unit is None else float(unit))
-    if len(v.problems) > n0:
-        return None, (1.0,)
-    try:
-        w = _workload(r)
-    except workload_formats.WorkloadError as e:
-        v.err("load.file", f"{file}: {str(e).split(': ', 1)[-1]}")
-        return None, (1.0,)
-    have = hardware.vllm_client_datasets()
-    if have is not None and w.vllm_dataset not in have:
-        # timed_trace came to vLLM's client with its PR #39795 (2026): 0.26 (the H200
-        # bundle) and 0.32 have it, an older client does not
-        since = " (vLLM 0.26 and 0.32 have it)" if w.vllm_dataset == "timed_trace" else ""
-        v.err("load.file", f"{w.source}: the installed vLLM's benchmark client "
-                           f"({hardware.vllm_package()}) has no {w.vllm_dataset} dataset"
-                           f"{since}, only {', '.join(sorted(have))}: it cannot send this "
-                           "file here")
-    if not w.timed:
-        for k in ("speeds", "window_s", "length_scale", "block_tokens", "time_unit_s"):
-            if k in raw and not (k == "length_scale" and raw[k] == 1):
-                v.err(f"load.{k}", f"{w.source} is a {w.format} file: it has no arrival times "
-                                   "or token counts to replay or scale (users and "
-                                   "request_rates set its load)")
-    return r, tuple(speeds) or (1.0,)
 
 
 def _goodput(v: _Validator, raw: Any) -> dict[str, float]:
@@ -1103,33 +978,6 @@ def _prefix_lens(v: _Validator, raw: Any) -> list[int]:
         dups = sorted({x for x in out if out.count(x) > 1})
         v.err("load.prefix_len", f"has duplicates ({_short(dups)}): list each value once")
     return out  # empty only when every entry was wrong (and said so)
-
-
-def _probe_checks(v: _Validator, raw: dict, users: list[int], rates: list[float | None],
-                  prefix_lens: list[int], lp: dict[str, Any]) -> None:
-    """The block-reuse probe (tunebook.measure.probe): one user, two requests per point, a cold
-    cache,
-    and a second prompt that differs from the base somewhere (k < input_len)."""
-    why = "the block_reuse probe sends two requests per point, one after the other"
-    if users and users != [1]:
-        v.err("load.users", f"must be [1]: {why}")
-    if rates and rates != [None]:
-        v.err("load.request_rates", f"must be left out: {why}")
-    for key in PROBE_UNUSED_KEYS:
-        if key in raw:
-            v.err(f"load.{key}", f"does not apply: {why}; leave it out")
-    if lp["reset_prefix_cache"] is False:
-        v.err("load.reset_prefix_cache", "must be true for block_reuse: the base prompt must "
-                                         "find the cache empty, so that what the second one "
-                                         "finds cached comes from the base alone")
-    n = lp["input_len"]
-    if isinstance(n, int):
-        for i, k in enumerate(prefix_lens):
-            if k >= n:
-                v.err("load.prefix_len", f"{k} (entry {i}) must be below input_len {n}: the "
-                                         "second prompt shares its first prefix_len tokens "
-                                         "with the base, then differs")
-                break
 
 
 def _int_list(v: _Validator, raw: Any, key: str) -> list[int]:
