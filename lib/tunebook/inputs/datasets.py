@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -54,39 +54,24 @@ class Extra:
     speeds: tuple[float, ...] = (1.0,)
 
 
-@dataclass(frozen=True)
 class Family:
-    """A family of datasets. `check` says every problem through `v.err` (keys under load.)."""
+    """A family of datasets: what of `load:` it owns. `check` says every problem through
+    `v.err` (keys under load.) and returns what the family adds to the load."""
 
-    names: tuple[str, ...]
+    names: tuple[str, ...] = ()
     own_keys: tuple[str, ...] = ()  # load keys only this family takes
-    # where a load of another dataset sets one of own_keys
-    own_hint: str = ""
+    own_hint = ""  # what a load of another dataset that sets one of own_keys is told
     refuses: tuple[str, ...] = ()  # shared load keys it has no use for (left out of its YAML)
     default_users: tuple[int, ...] | None = None  # None: the shared default
     prompts_per_point: int | None = None  # a fixed count (None: from users and the counts)
-    prefix_in_prompt: bool = True  # False: prefix_len lies inside input_len (the probe's)
-    rules: Any = field(default=None, compare=False)  # (v, Draft) -> Extra | None
+    prefix_in_prompt = True  # False: prefix_len lies inside input_len (the probe's)
 
     def check(self, v: LoadChecker, d: Draft) -> Extra:
-        return (self.rules(v, d) if self.rules else None) or Extra()
+        return Extra()
 
     def dump(self, extra: Extra) -> dict[str, Any]:
-        """What it added, as params YAML again (the keys of own_keys that differ from their
-        defaults)."""
-        r = extra.replay
-        if r is None:
-            return {}
-        d = Replay(r.file)
-        out: dict[str, Any] = {"file": str(r.file)}  # as written: a relative path stays so
-        for k in ("format", "first", "length_scale", "max_input_len", "max_output_len",
-                  "block_tokens", "time_unit_s"):
-            if getattr(r, k) != getattr(d, k):
-                out[k] = getattr(r, k)
-        if r.window_s is not None:
-            out["window_s"] = list(r.window_s)
-        out["speeds"] = list(extra.speeds)
-        return out
+        """What `check` added, as params YAML again."""
+        return {}
 
     @property
     def warms_up(self) -> bool:
@@ -103,25 +88,38 @@ def _workload_cached(r: Replay, _state: Any) -> WorkloadRef:
     return WorkloadRef.of(r)
 
 
-def _synthetic(v: LoadChecker, d: Draft) -> None:
-    if d.dataset in ("random_prefix", "prefix_repetition") and 0 in d.prefix_lens:
-        v.err("load.prefix_len", f"dataset {d.dataset!r} needs prefix_len > 0 (shared prefix "
-                                 "tokens per prompt)" + (" in every entry"
-                                                         if len(d.prefix_lens) > 1 else ""))
-    if d.dataset == "random" and any(d.prefix_lens):
-        v.err("load.prefix_len", "is only used by random_prefix / prefix_repetition / "
-                                 "block_reuse; set dataset: random_prefix")
+class Synthetic(Family):
+    """vLLM's random datasets: random, and two that share prefixes between prompts."""
+
+    names = ("random", "random_prefix", "prefix_repetition")
+
+    def check(self, v: LoadChecker, d: Draft) -> Extra:
+        if d.dataset in ("random_prefix", "prefix_repetition") and 0 in d.prefix_lens:
+            every = " in every entry" if len(d.prefix_lens) > 1 else ""
+            v.err("load.prefix_len", f"dataset {d.dataset!r} needs prefix_len > 0 (shared "
+                                     f"prefix tokens per prompt){every}")
+        if d.dataset == "random" and any(d.prefix_lens):
+            v.err("load.prefix_len", "is only used by random_prefix / prefix_repetition / "
+                                     "block_reuse; set dataset: random_prefix")
+        return Extra()
 
 
-def _prompt_set(v: LoadChecker, d: Draft) -> None:
-    if any(d.prefix_lens):
-        v.err("load.prefix_len", f"dataset {d.dataset!r} has no shared prefix; leave it 0")
-    # (a bad input_len was reported already and stands here as the default)
-    n = d.lp["input_len"]
-    if d.raw.get("input_len", n) == n < MIN_INPUT_LEN:
-        v.err("load.input_len", f"dataset {d.dataset!r}: input_len caps each prompt (a "
-                                "standard-library function, its instruction and the chat "
-                                f"template), so it must be >= {MIN_INPUT_LEN} tokens, got {n}")
+class PromptSets(Family):
+    """Fig 4.2's prompt sets (tunebook.models.prompts), sent as vLLM `custom` datasets."""
+
+    names = PROMPT_DATASETS
+
+    def check(self, v: LoadChecker, d: Draft) -> Extra:
+        if any(d.prefix_lens):
+            v.err("load.prefix_len", f"dataset {d.dataset!r} has no shared prefix; leave it 0")
+        # (a bad input_len was reported already and stands here as the default)
+        n = d.lp["input_len"]
+        if d.raw.get("input_len", n) == n < MIN_INPUT_LEN:
+            v.err("load.input_len", f"dataset {d.dataset!r}: input_len caps each prompt (a "
+                                    "standard-library function, its instruction and the chat "
+                                    f"template), so it must be >= {MIN_INPUT_LEN} tokens, got "
+                                    f"{n}")
+        return Extra()
 
 
 def _workload_file(v: LoadChecker, raw: dict[str, Any],
@@ -220,7 +218,7 @@ def _probe(v: LoadChecker, raw: dict, users: list[int], rates: list[float | None
         v.err("load.users", f"must be [1]: {why}")
     if rates and rates != [None]:
         v.err("load.request_rates", f"must be left out: {why}")
-    for key in PROBE.refuses:
+    for key in BlockReuseProbe.refuses:
         if key in raw:
             v.err(f"load.{key}", f"does not apply: {why}; leave it out")
     if lp["reset_prefix_cache"] is False:
@@ -237,21 +235,51 @@ def _probe(v: LoadChecker, raw: dict, users: list[int], rates: list[float | None
                 break
 
 
-# vLLM's client sends the first three families; Fig 3.3's block-reuse probe
-# (tunebook.measure.probe) sends two requests per point, not a load
-SYNTHETIC = Family(("random", "random_prefix", "prefix_repetition"), rules=_synthetic)
-PROMPT_SETS = Family(PROMPT_DATASETS, rules=_prompt_set)
-WORKLOAD_FILE = Family(
-    (FILE,), own_keys=("file", "format", "window_s", "first", "speeds", "length_scale",
-                       "max_input_len", "max_output_len", "block_tokens", "time_unit_s"),
-    own_hint="belongs to a workload file: set dataset: file (and file: PATH)",
-    rules=lambda v, d: Extra(*_workload_file(v, d.raw, d.prefix_lens)))
-PROBE = Family(
-    (BLOCK_REUSE,), refuses=("num_prefixes", "prompts_per_user", "min_prompts", "num_prompts",
-                             "num_warmups"),
-    default_users=(1,), prompts_per_point=2, prefix_in_prompt=False,
-    rules=lambda v, d: _probe(v, d.raw, d.users, d.rates, d.prefix_lens, d.lp))
-FAMILIES = (SYNTHETIC, PROMPT_SETS, WORKLOAD_FILE, PROBE)
+class WorkloadFile(Family):
+    """A workload file (tunebook.inputs.workloads): a trace replayed on its own clock, or
+    prompts; every line checked before any engine starts."""
+
+    names = (FILE,)
+    own_keys = ("file", "format", "window_s", "first", "speeds", "length_scale",
+                "max_input_len", "max_output_len", "block_tokens", "time_unit_s")
+    own_hint = "belongs to a workload file: set dataset: file (and file: PATH)"
+
+    def check(self, v: LoadChecker, d: Draft) -> Extra:
+        return Extra(*_workload_file(v, d.raw, d.prefix_lens))
+
+    def dump(self, extra: Extra) -> dict[str, Any]:
+        """The keys of the replay that differ from their defaults, and the speeds."""
+        r = extra.replay
+        if r is None:
+            return {}
+        d = Replay(r.file)
+        out: dict[str, Any] = {"file": str(r.file)}  # as written: a relative path stays so
+        for k in ("format", "first", "length_scale", "max_input_len", "max_output_len",
+                  "block_tokens", "time_unit_s"):
+            if getattr(r, k) != getattr(d, k):
+                out[k] = getattr(r, k)
+        if r.window_s is not None:
+            out["window_s"] = list(r.window_s)
+        out["speeds"] = list(extra.speeds)
+        return out
+
+
+class BlockReuseProbe(Family):
+    """Fig 3.3's block-reuse probe (tunebook.measure.probe): two requests per point, one after
+    the other, not a load."""
+
+    names = (BLOCK_REUSE,)
+    refuses = ("num_prefixes", "prompts_per_user", "min_prompts", "num_prompts", "num_warmups")
+    default_users = (1,)
+    prompts_per_point = 2
+    prefix_in_prompt = False
+
+    def check(self, v: LoadChecker, d: Draft) -> Extra:
+        _probe(v, d.raw, d.users, d.rates, d.prefix_lens, d.lp)
+        return Extra()
+
+
+FAMILIES: tuple[Family, ...] = (Synthetic(), PromptSets(), WorkloadFile(), BlockReuseProbe())
 OWN_KEYS = tuple(k for f in FAMILIES for k in f.own_keys)
 
 
