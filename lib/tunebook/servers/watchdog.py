@@ -237,8 +237,12 @@ class Watchdog:
             if not self._engines(w) or (w.pid != self.root and not w.own_title
                                         and not how.startswith(KILLED_BY)):
                 self._drop(w)
-            else:
-                found.append((w, how))
+                continue
+            if w.pid != self.root and not w.own_title:
+                # killed and reaped before any scan saw a title of its own (the zombie's name
+                # would have said it): named by what its parent forks
+                w.role, w.title = _forked_by(w.parent_title), f"forked by {w.parent_title}"
+            found.append((w, how))
         if found:
             # several at once: the one a signal killed is the cause (the others exited because
             # it did: vLLM's own monitors end the rest), the first found of those
@@ -306,6 +310,13 @@ def _last_title(w: _Watched) -> str:
         return ""
     # the name is the title cut to 15 characters: the full title where it still agrees
     return w.title if w.title.startswith(name) else name
+
+
+def _forked_by(parent_title: str) -> str:
+    """The role of a process known only as a fork of a process titled `parent_title`: vLLM's
+    engine core forks its workers (a command it runs execs another program: not watched)."""
+    parent = _role_of(parent_title)
+    return "worker" if parent == "engine core" else f"a process the {parent} forked"
 
 
 def _role_of(title: str) -> str:
