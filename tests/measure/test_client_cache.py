@@ -36,6 +36,7 @@ def main(args):
 
 @pytest.fixture
 def serve(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    L.prefetched()  # an earlier test's sweep may be importing the real one in the background
     mod = types.ModuleType("vllm.benchmarks.serve")
     exec(FAKE_SERVE, mod.__dict__)  # noqa: S102 - test stand-in
     pkg, bench = types.ModuleType("vllm"), types.ModuleType("vllm.benchmarks")

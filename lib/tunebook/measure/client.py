@@ -69,6 +69,9 @@ class LoadError(RuntimeError):
     pass
 
 
+_PREFETCH: list[threading.Thread] = []  # the prefetch under way or done, if any
+
+
 def prefetch_client() -> threading.Thread | None:
     """Import vLLM's benchmark client (`vllm.benchmarks.serve`: torch, transformers; ~5 s on
     the 2-core CPU box) on a background thread at the lowest CPU priority, so the first run
@@ -88,7 +91,16 @@ def prefetch_client() -> threading.Thread | None:
 
     t = threading.Thread(target=work, name="tunebook-import-vllm-client", daemon=True)
     t.start()
+    _PREFETCH.append(t)
     return t
+
+
+def prefetched() -> None:
+    """Wait for the prefetches started (code that puts a stand-in for vLLM's client in
+    sys.modules must not race a real import of it: once, a test's stand-in was replaced
+    mid-test by the import an earlier test's sweep had started)."""
+    while _PREFETCH:
+        _PREFETCH.pop().join()
 
 
 class ClientCache:
