@@ -218,8 +218,7 @@ class SweepSession:
         with sweep.steps.time("resume (read stored runs)"):
             self.rows = sweep.store.rows()
         sweep.starts.stored_ok = [r for r in self.rows if r.get("status") == schema.STATUS_OK]
-        self.executor = sweep.executor
-        self._prefetched = False
+        self.executor = sweep.executor  # None: made here at the first plan with work
 
     def run(self, params: SweepParams, plan: Plan, models: dict) -> SweepResult:
         """The runs of `plan` (made from `params`) that are not done yet, measured and stored;
@@ -242,9 +241,8 @@ class SweepSession:
         work = [(cfg, [r for r in todo if r.engine.id == cfg.id]) for cfg in plan.engines]
         work = [(cfg, runs) for cfg, runs in work if runs]
         if self.executor is None:
-            if loads.any_uses_vllm_client(r.point for r in todo) and not self._prefetched:
+            if loads.any_uses_vllm_client(r.point for r in todo):
                 client.prefetch_client()  # imported while the first engine starts, at nice 19
-                self._prefetched = True
             self.executor = sweep.local_executor()
         try:
             if work:
