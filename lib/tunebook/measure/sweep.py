@@ -218,7 +218,7 @@ class SweepSession:
         with sweep.steps.time("resume (read stored runs)"):
             self.rows = sweep.store.rows()
         sweep.starts.stored_ok = [r for r in self.rows if r.get("status") == schema.STATUS_OK]
-        self.executor = sweep.executor  # None: made here at the first plan with work
+        self.executor = sweep.executor  # None: the local one, made at the first plan
 
     def run(self, params: SweepParams, plan: Plan, models: dict) -> SweepResult:
         """The runs of `plan` (made from `params`) that are not done yet, measured and stored;
