@@ -21,9 +21,10 @@ engine's death and that a replacement comes, not a second plain start's 35 s);
 server forked (the GPU default, its engine core spawned) included. The kills
 between two points happen inside the sweep's
 `on_result` (the sweep is between its points there, however fast the machine); those during a
-point when the engine logs the point's first request; those during a start when the worker
-begins to load the weights (every process of the engine up), as soon as the watchdog has seen
-the process to kill."""
+point when the engine logs the point's first request, the engine's other processes stopped
+from the point's start until then (so a short point cannot end before the kill); those during
+a start when the worker begins to load the weights (every process of the engine up), as soon
+as the watchdog has seen the process to kill."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ import yaml
 
 from conftest import titled
 from tunebook.inputs import params as P
+from tunebook.measure.loads import client as client_kind
 from tunebook.measure.sweep import Sweep, SweepOptions
 from tunebook.servers import process, shm
 from tunebook.servers.launcher import FAST_START_ENV
@@ -112,6 +114,7 @@ class Killer:
         self.error: BaseException | None = None
         self.loads = 0
         self.stop = threading.Event()
+        self.held: list[int] = []  # the engine's processes stopped until a point case's kill
 
     @property
     def case(self) -> Case | None:
@@ -140,11 +143,30 @@ class Killer:
         case.pgid, case.pid, case.killed_at = pgid, pid, time.time()
         self.pidfd = os.pidfd_open(pid)
         os.kill(pid, signal.SIGSTOP if case.moment == "hang" else signal.SIGKILL)
+        for held in self.held:  # the rest of the engine goes on, and sees the death
+            if held != pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(held, signal.SIGCONT)
+        self.held = []
         if self.then_env is not None:  # read by the launcher at the replacement's start
             os.environ[FAST_START_ENV] = self.then_env
         self.seen.add(pgid)
         self.i += 1
         self.loads = _loads(self.exp)  # a start case, for the next engine's weights
+
+    def hold(self) -> None:
+        """The sweep is about to send a point: for a point case, every process of the engine
+        but its API server is stopped until the kill, so the point cannot end before it (a
+        point of a second once ended before the killer's poll saw its first request, on two
+        cores shared with the rest of the suite). The API server still takes the request and
+        logs it, which is when the kill comes."""
+        case, pgid = self.case, self.engine()
+        if case is None or case.moment not in ("point", "hang") or pgid is None:
+            return
+        self.held = [p.pid for p in process._group_members(pgid) if p.pid != pgid]
+        for pid in self.held:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
 
     def between(self, row: dict) -> None:
         """The sweep's on_result: a point stored, the next not begun."""
@@ -288,6 +310,13 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
     monkeypatch.setattr(process.ProcessServer, "start", timed_start)
     replace_forked = method == "plain" and cases == ONE_CASE
     killer = Killer(exp, cases, then_env=REPLACE_FORKED if replace_forked else None)
+    send = client_kind.run_bench
+
+    def held_send(*a: Any, **kw: Any) -> Any:  # vLLM's client, after the engine is held
+        killer.hold()
+        return send(*a, **kw)
+
+    monkeypatch.setattr(client_kind, "run_bench", held_send)
     t = threading.Thread(target=killer.run, daemon=True)
     t.start()
     sweep = Sweep(P.load(params), tmp_path, SweepOptions(progress=False,
