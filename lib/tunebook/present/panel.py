@@ -31,6 +31,7 @@ import yaml
 from tunebook.core import schema
 from tunebook.core.knobs import KNOBS, PANEL_KNOBS, PANEL_SPEC_METHODS, default_text
 from tunebook.inputs import params as P
+from tunebook.inputs.load import DATASETS
 from tunebook.inputs.plan import Plan, make_plan
 from tunebook.measure.supply import EngineKeeper
 from tunebook.measure.sweep import Sweep, SweepOptions, SweepResult
@@ -351,7 +352,7 @@ class TunePanel:
         w["engine_env"] = W.Textarea(description="engine_env (YAML)", layout=W.Layout(
             width="500px", height="60px"), style=estyle)
         w["load.dataset"] = W.Dropdown(description="dataset",
-                                       options=[(x, x) for x in P.DATASETS],
+                                       options=[(x, x) for x in DATASETS],
                                        layout=lay, style=style)
         w["load.users"] = W.Text(description="users (comma-separated)", layout=lay, style=style)
         w["load.request_rates"] = W.Text(description="request rates (req/s, inf)", layout=lay,
