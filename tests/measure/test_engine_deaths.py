@@ -53,7 +53,8 @@ from tunebook.servers import process, shm
 from tunebook.servers.launcher import FAST_START_ENV
 from tunebook.servers.watchdog import SCAN_EVERY_S
 
-pytestmark = pytest.mark.engine
+# apart: it starts its own engines and mostly waits for kills and replacements
+pytestmark = [pytest.mark.engine, pytest.mark.apart]
 
 DETECT_S = 10.0  # the bound: a death found within this many seconds of the kill
 ROLES = {"API server": None, "engine core": "VLLM::EngineCore", "worker": "VLLM::Worker"}
