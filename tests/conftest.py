@@ -219,12 +219,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "stops_shared_engine: ends by stopping the session's shared engine, so it "
                    "runs after every other test of it (a later one would start the engine again)")
     config.addinivalue_line(
-        "markers", "apart: an engine test that mostly waits (kills, replacements, timeouts) and "
-                   "shares no engine: make test runs it in a lane of its own")
-    config.addinivalue_line(
         "markers", "quiet: compares the measurements of separate runs, so it runs with no other "
-                   "test beside it: after the other engine tests, and once make test's other "
-                   "lanes have ended (quiet_box)")
+                   "test beside it: after the other engine tests, and once make test's quick "
+                   "lane has ended (quiet_box)")
 
 
 # Engine tests that mostly wait (kills, replacements, run timeouts: about half of two cores)
@@ -252,27 +249,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=group)
 
 
-QUIET_AFTER_ENV = "TUNEBOOK_QUIET_AFTER"  # scripts/test_lanes.py: a file per other lane, at its end
-QUIET_WAIT_S = 900.0  # make test's hard limit: a lane still running then has hung
+QUICK_DONE_ENV = "TUNEBOOK_QUICK_LANE_DONE"  # set by scripts/test_lanes.py for the engine lane
+QUIET_WAIT_S = 900.0  # make test's hard limit: a quick lane still running then has hung
 
 
 @pytest.fixture(autouse=True)
 def quiet_box(request: pytest.FixtureRequest) -> None:
-    """A `quiet` test under make test starts once the other lanes have ended. In CI the quick
+    """A `quiet` test under make test starts once the quick lane has ended. In CI the quick
     lane once ran until the diff test's third measurement: the second, beside it, was slower,
     and the history marked a step where the config had not changed."""
-    after = os.environ.get(QUIET_AFTER_ENV)
-    if not after or request.node.get_closest_marker("quiet") is None:
+    done = os.environ.get(QUICK_DONE_ENV)
+    if done is None or request.node.get_closest_marker("quiet") is None:
         return
     t0 = time.monotonic()
-    for done in after.split(os.pathsep):
-        while not Path(done).exists():
-            if time.monotonic() - t0 > QUIET_WAIT_S:
-                pytest.fail(f"a lane has not ended after {QUIET_WAIT_S:.0f} s ({done})")
-            time.sleep(0.5)
+    while not Path(done).exists():
+        if time.monotonic() - t0 > QUIET_WAIT_S:
+            pytest.fail(f"the quick lane has not ended after {QUIET_WAIT_S:.0f} s ({done})")
+        time.sleep(0.5)
     waited = time.monotonic() - t0
     if waited > 1:
-        print(f"[quiet: waited {waited:.0f} s for the other lanes]")
+        print(f"[quiet: waited {waited:.0f} s for the quick lane]")
 
 
 @pytest.fixture(scope="session", autouse=True)

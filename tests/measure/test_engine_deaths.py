@@ -53,8 +53,7 @@ from tunebook.servers import process, shm
 from tunebook.servers.launcher import FAST_START_ENV
 from tunebook.servers.watchdog import SCAN_EVERY_S
 
-# apart: it starts its own engines and mostly waits for kills and replacements
-pytestmark = [pytest.mark.engine, pytest.mark.apart]
+pytestmark = pytest.mark.engine
 
 DETECT_S = 10.0  # the bound: a death found within this many seconds of the kill
 ROLES = {"API server": None, "engine core": "VLLM::EngineCore", "worker": "VLLM::Worker"}
