@@ -10,11 +10,9 @@ fills the cores the engine lane leaves idle. Each lane keeps its own session fix
 engine, replots, state dir) and its own order (conftest), exactly as `pytest -m engine` and
 `pytest -m "not engine"` run them; each has its own temp folder, kept until the next run.
 
-Tests marked `quiet` (they compare measurements of separate runs: a busy core between two of
+Tests marked `quiet` (they compare measurements of separate runs: a busy core under one of
 them reads as a step) wait for the quick lane to end: the engine lane is told of a file that
-appears when it does (QUICK_DONE_ENV; conftest's `quiet_box`). In CI the quick lane once took
-353 s beside the engine lane (222–228 s on the 2-core box here), and the diff test, ordered
-after most engine tests, measured its second and third runs on either side of its end.
+appears when it does (QUICK_DONE_ENV; conftest's `quiet_box`).
 
 The quick lane prints live; the engine lane's output follows as it goes once the quick lane is
 done (its log: TMP/tunebook-tests-*/engine.log). The exit code is the first lane's failure, or 0.
