@@ -23,8 +23,8 @@ between two points happen inside the sweep's
 `on_result` (the sweep is between its points there, however fast the machine); those during a
 point when the engine logs the point's first request, the engine's other processes stopped
 from the point's start until then (so a short point cannot end before the kill); those during
-a start when the worker begins to load the weights (every process of the engine up), as soon
-as the watchdog has seen the process to kill."""
+a start when the worker begins to load the weights (every process of the engine up): the
+process is stopped then, and killed once the watchdog has surely seen it."""
 
 from __future__ import annotations
 
@@ -192,14 +192,16 @@ class Killer:
                 if case.moment == "start" and _loads(self.exp) > self.loads \
                         and (pid := self._target(pgid, case.role)) is not None:
                     # the worker loads the weights: every process up, the start about a second
-                    # from done. Killed once the watchdog has surely seen the target: it looks
-                    # for new processes every SCAN_EVERY_S (one killed younger than that is the
-                    # failed start vLLM's log describes). A fixed 1.5 scans after the weights
-                    # began let a fast start finish first (seen once, on a quiet box: the kill
-                    # landed in the first point); the target's own age is what counts.
-                    with contextlib.suppress(psutil.Error):
-                        age = time.time() - psutil.Process(pid).create_time()
-                        time.sleep(max(0.0, 1.3 * SCAN_EVERY_S - age))
+                    # from done. The target is stopped at once, so the start cannot end first
+                    # (a fast one once did: the kill landed in the first point), then killed
+                    # once the watchdog has surely seen it under its title: it looks for new
+                    # processes every SCAN_EVERY_S (one killed unseen is the failed start vLLM's
+                    # log describes). Waiting out the target's age fell short for a spawned
+                    # worker (the API server forked, the GPU default): it shows its title only
+                    # late in its life, and was killed before any scan had seen it titled.
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGSTOP)
+                    time.sleep(1.3 * SCAN_EVERY_S)
                     self.kill(pgid)
                 elif case.moment in ("point", "hang") and self._served_by(pgid):
                     self.kill(pgid)
