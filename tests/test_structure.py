@@ -127,6 +127,12 @@ def test_the_committed_machines_are_those_git_keeps() -> None:
                    for m in COMMITTED_MACHINES)
 
 
+def _code(src: str) -> str:
+    """Source without its comment lines and docstrings (they may name anything)."""
+    code = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith("#"))
+    return re.sub(r'"""[\s\S]*?"""', "", code)
+
+
 def _package_source(pkg: object) -> str:
     """Every module of a package, as one text."""
     return "\n".join(p.read_text() for p in sorted(Path(pkg.__file__).parent.glob("*.py")))
@@ -159,10 +165,7 @@ def test_measuring_code_names_no_load_kind() -> None:
     for path in sorted(measure.rglob("*.py")):
         if "loads" in path.relative_to(measure).parts or path in wrapped:
             continue
-        code = "\n".join(line for line in path.read_text().splitlines()
-                         if not line.lstrip().startswith("#"))
-        code = re.sub(r'"""[\s\S]*?"""', "", code)  # docstrings may name them
-        if named.search(code):
+        if named.search(_code(path.read_text())):
             offenders.append(str(path.relative_to(PKG)))
     assert not offenders, f"measuring code that names a load kind: {offenders}"
 
@@ -174,9 +177,7 @@ def test_params_names_no_dataset_family() -> None:
     tunebook.measure.loads (how it is sent), never params."""
     from tunebook.inputs import datasets, params
 
-    src = _package_source(params)
-    code = "\n".join(line.split("#", 1)[0] for line in src.splitlines())
-    code = re.sub(r'"""[\s\S]*?"""', "", code)  # docstrings may name them
+    code = _code(_package_source(params))
     names = [n for f in datasets.FAMILIES for n in f.names if n != "random"]  # the default
     pattern = re.compile("|".join([r"BLOCK_REUSE|PROMPT_DATASETS|\bFILE\b|WORKLOAD_FILE|"
                                    r"\bPROBE\b|SYNTHETIC|PROMPT_SETS",

@@ -143,10 +143,8 @@ class Killer:
         case.pgid, case.pid, case.killed_at = pgid, pid, time.time()
         self.pidfd = os.pidfd_open(pid)
         os.kill(pid, signal.SIGSTOP if case.moment == "hang" else signal.SIGKILL)
-        for held in self.held:  # the rest of the engine goes on, and sees the death
-            if held != pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(held, signal.SIGCONT)
+        # the rest of the engine goes on, and sees the death
+        _signal([p for p in self.held if p != pid], signal.SIGCONT)
         self.held = []
         if self.then_env is not None:  # read by the launcher at the replacement's start
             os.environ[FAST_START_ENV] = self.then_env
@@ -164,9 +162,7 @@ class Killer:
         if case is None or case.moment not in ("point", "hang") or pgid is None:
             return
         self.held = [p.pid for p in process._group_members(pgid) if p.pid != pgid]
-        for pid in self.held:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
+        _signal(self.held, signal.SIGSTOP)
 
     def between(self, row: dict) -> None:
         """The sweep's on_result: a point stored, the next not begun."""
@@ -199,8 +195,7 @@ class Killer:
                     # log describes). Waiting out the target's age fell short for a spawned
                     # worker (the API server forked, the GPU default): it shows its title only
                     # late in its life, and was killed before any scan had seen it titled.
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGSTOP)
+                    _signal([pid], signal.SIGSTOP)
                     time.sleep(1.3 * SCAN_EVERY_S)
                     self.kill(pgid)
                 elif case.moment in ("point", "hang") and self._served_by(pgid):
@@ -231,6 +226,13 @@ class Killer:
         if waiting and self.engine():
             for c in waiting:
                 c.replaced_after_s = time.time() - c.killed_at
+
+
+def _signal(pids: list[int], sig: signal.Signals) -> None:
+    """`sig` to each of `pids` that still lives."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 def _pid_files() -> list[tuple[int, dict]]:

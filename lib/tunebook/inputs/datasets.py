@@ -209,32 +209,6 @@ def _workload_file(v: LoadChecker, raw: dict[str, Any],
     return r, tuple(speeds) or (1.0,)
 
 
-def _probe(v: LoadChecker, raw: dict, users: list[int], rates: list[float | None],
-           prefix_lens: list[int], lp: dict[str, Any]) -> None:
-    """One user, two requests per point, a cold cache, and a second prompt that differs from
-    the base somewhere (k < input_len)."""
-    why = "the block_reuse probe sends two requests per point, one after the other"
-    if users and users != [1]:
-        v.err("load.users", f"must be [1]: {why}")
-    if rates and rates != [None]:
-        v.err("load.request_rates", f"must be left out: {why}")
-    for key in BlockReuseProbe.refuses:
-        if key in raw:
-            v.err(f"load.{key}", f"does not apply: {why}; leave it out")
-    if lp["reset_prefix_cache"] is False:
-        v.err("load.reset_prefix_cache", "must be true for block_reuse: the base prompt must "
-                                         "find the cache empty, so that what the second one "
-                                         "finds cached comes from the base alone")
-    n = lp["input_len"]
-    if isinstance(n, int):
-        for i, k in enumerate(prefix_lens):
-            if k >= n:
-                v.err("load.prefix_len", f"{k} (entry {i}) must be below input_len {n}: the "
-                                         "second prompt shares its first prefix_len tokens "
-                                         "with the base, then differs")
-                break
-
-
 class WorkloadFile(Family):
     """A workload file (tunebook.inputs.workloads): a trace replayed on its own clock, or
     prompts; every line checked before any engine starts."""
@@ -275,7 +249,28 @@ class BlockReuseProbe(Family):
     prefix_in_prompt = False
 
     def check(self, v: LoadChecker, d: Draft) -> Extra:
-        _probe(v, d.raw, d.users, d.rates, d.prefix_lens, d.lp)
+        """One user, two requests per point, a cold cache, and a second prompt that differs
+        from the base somewhere (k < input_len)."""
+        why = "the block_reuse probe sends two requests per point, one after the other"
+        if d.users and d.users != [1]:
+            v.err("load.users", f"must be [1]: {why}")
+        if d.rates and d.rates != [None]:
+            v.err("load.request_rates", f"must be left out: {why}")
+        for key in self.refuses:
+            if key in d.raw:
+                v.err(f"load.{key}", f"does not apply: {why}; leave it out")
+        if d.lp["reset_prefix_cache"] is False:
+            v.err("load.reset_prefix_cache", "must be true for block_reuse: the base prompt "
+                                             "must find the cache empty, so that what the "
+                                             "second one finds cached comes from the base alone")
+        n = d.lp["input_len"]
+        if isinstance(n, int):
+            for i, k in enumerate(d.prefix_lens):
+                if k >= n:
+                    v.err("load.prefix_len", f"{k} (entry {i}) must be below input_len {n}: "
+                                             "the second prompt shares its first prefix_len "
+                                             "tokens with the base, then differs")
+                    break
         return Extra()
 
 

@@ -234,11 +234,11 @@ class Watchdog:
             # exec: once, on two busy cores, vLLM's `lscpu` failed a start): it ran another
             # program, or it never showed a title of its own and ended by itself (killed, it
             # counts: a worker killed before it titled itself)
-            if not self._engines(w) or (w.pid != self.root and not w.own_title
-                                        and not how.startswith(KILLED_BY)):
+            untitled_fork = w.pid != self.root and not w.own_title
+            if not self._engines(w) or (untitled_fork and not how.startswith(KILLED_BY)):
                 self._drop(w)
                 continue
-            if w.pid != self.root and not w.own_title:
+            if untitled_fork:
                 # killed and reaped before any scan saw a title of its own (the zombie's name
                 # would have said it): named by what its parent forks
                 w.role, w.title = _forked_by(w.parent_title), f"forked by {w.parent_title}"
