@@ -70,16 +70,19 @@ def _rows(exp: Path) -> list[dict]:
 
 def _vllm_servers(marker: str) -> list[psutil.Process]:
     """vLLM API servers started by a Ray task of this test (their state folder is a task's
-    scratch folder, named in their environment)."""
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
+    scratch folder, named in their environment). Not a launcher still importing vLLM (its
+    argv names the server module too: taken for a server once, its missing --port raised in
+    the driver thread, whose death left the other engine unheld — CI of stop 55), nor a
+    child an API server forked before it titled itself."""
+    out = {}
+    for p in psutil.process_iter(["cmdline", "ppid"]):
         try:
-            if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or []) and \
-                    marker in p.environ().get("TUNEBOOK_STATE_DIR", ""):
-                out.append(p)
+            if "-m vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or []) \
+                    and marker in p.environ().get("TUNEBOOK_STATE_DIR", ""):
+                out[p.pid] = p
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    return out
+    return [p for p in out.values() if p.info["ppid"] not in out]
 
 
 def _completions(exp_glob: str, server: psutil.Process) -> int:
@@ -105,7 +108,8 @@ def test_two_slots_an_engine_killed_then_stopped_and_resumable(tmp_path: Path) -
     once, in ONE sweep: one task's engine is SIGKILLed in its second load point (that run
     comes back `interrupted`, its first `ok`), then the driver gets SIGTERM (a scheduler's
     stop; Ctrl-C takes the same path) while the other task's engine has requests in flight
-    (held there: its engine core frozen until that row is back): it exits 143, that task
+    (held there from its first requests on: its engine processes frozen until that row is
+    back): it exits 143, that task
     stops its remote engine and still sends the row it cut short, and no engine is left.
     The rows are a local sweep's (the plan's run ids, one attempt each), and what the next
     sweep would run is exactly what was not `ok` (resume reads the rows the tasks sent back;
@@ -133,30 +137,35 @@ def test_two_slots_an_engine_killed_then_stopped_and_resumable(tmp_path: Path) -
         return sum(r["status"] == status for r in _rows(exp)) if (exp / "runs").is_dir() else 0
 
     frozen: list[psutil.Process] = []
+    held: list[int] = []  # the API server whose engine processes are frozen
+    errors: list[BaseException] = []
 
     def driver() -> None:
-        """The kill, then the SIGTERM, each on its event. The other engine is frozen (its engine
-        core stopped) with requests in flight from the kill on: the killed run's row comes
-        back first (a SIGTERM while its sweep handled the engine's death lost that row once),
-        and the stop, which travels driver -> Ray -> task -> its sweep, finds the other
-        engine's point still in flight. It goes on once that sweep has sent the row it cut
-        short."""
+        """The first engine seen serving is held there (its engine processes stopped) before
+        the other can finish: then the other is killed in its second load point, and once the
+        killed run's row is back (a SIGTERM while its sweep handled the engine's death lost
+        that row once) the driver gets SIGTERM, which travels driver -> Ray -> task -> its
+        sweep and finds the held engine's point in flight. The hold ends once that sweep has
+        sent the row it cut short. An error here fails the test with it (a launcher taken
+        for an engine once ended this thread silently, and the test waited the sweep out)."""
         deadline = time.monotonic() + 600
         try:
             while time.monotonic() < deadline and proc.poll() is None:
                 with contextlib.suppress(psutil.Error, OSError):
                     servers = ours()
-                    if not killed:  # the first engine in its second load point
-                        second = [s for s in servers if _completions(logs, s) > first_point]
+                    if not frozen:
+                        busy = [s for s in servers if _serving(s)]
+                        engine = busy[0].children(recursive=True) if busy else []
+                        for p in engine:
+                            p.send_signal(signal.SIGSTOP)
+                        frozen.extend(engine)
+                        held.extend([busy[0].pid] if engine else [])
+                    elif not killed:  # the other engine, in its second load point
+                        second = [s for s in servers if s.pid not in held
+                                  and _completions(logs, s) > first_point]
                         if second:
                             os.kill(second[0].pid, signal.SIGKILL)
                             killed.append(second[0].pid)
-                    elif not frozen:
-                        busy = [s for s in servers if s.pid not in killed and _serving(s)]
-                        if busy:
-                            frozen.extend(busy[0].children(recursive=True))
-                            for p in frozen:
-                                p.send_signal(signal.SIGSTOP)
                     elif not signalled:
                         if rows_back("interrupted") >= 1:  # the killed run's
                             proc.send_signal(signal.SIGTERM)
@@ -165,6 +174,8 @@ def test_two_slots_an_engine_killed_then_stopped_and_resumable(tmp_path: Path) -
                             time.monotonic() > signalled[0] + 60:
                         return
                 time.sleep(0.1)
+        except BaseException as e:  # said in the assertion below, not lost with the thread
+            errors.append(e)
         finally:
             for p in frozen:
                 with contextlib.suppress(psutil.Error):
@@ -174,7 +185,7 @@ def test_two_slots_an_engine_killed_then_stopped_and_resumable(tmp_path: Path) -
     t.start()
     text = _finish(proc, 600)
     t.join(5)
-    assert killed and signalled and frozen, text
+    assert killed and signalled and frozen and not errors, (errors, text)
     assert proc.returncode == 143, text
     plan = make_plan(P.load(params))
     rows = _rows(exp)

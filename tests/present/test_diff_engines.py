@@ -1,17 +1,17 @@
 """Scheduled runs with memory on real engines: three dated measurements (`--again`) of one
 experiment — the session's engine config, then the params edited behind the scheduler's back
 to one sequence at a time (eager), then that again. The second is worse beyond noise than the
-first (exit 4, changes__*.json, `tunebook diff` on the two windows exits 1); the third is
-not worse than the second on any metric (the same config and vLLM version, REPEATS repeats
-each: exit 0); the history marks one step, at the second, naming the engine config that
-changed, and none at the third."""
+first (exit 4, changes__*.json, `tunebook diff` on the two windows exits 1), judged by the
+repeats since the engine config changed; the third, where nothing recorded changed, is judged
+by the measurements (exit 0: two of one config cannot tell a step from the box's drift); the
+history marks one step, at the second, naming the engine config that changed, and none at
+the third."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import re
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +66,6 @@ def test_three_measurements_the_step_at_the_second(tmp_path: Path,
     slow = _params({"max_num_seqs": 1, "enforce_eager": True})
     try:
         assert measure(_params({}), shared=True) == cli.EXIT_OK  # the first: nothing to compare
-        # the slow config's engine, started and warmed in another experiment: the second and
-        # third measurements both run on a warm engine. Cold, the second was slower than the
-        # third (mean 174 against 232 tok/s, 5 runs each, on a quiet box), and the history
-        # rightly marked a step where the config had not changed
-        warm = replace(slow, experiment="warm-up", repeats=2)
-        assert Sweep(warm, tmp_path, SweepOptions(progress=False, keeper=kept)).run().ok == 2
         assert measure(slow, shared=False) == cli.EXIT_WORSE_THAN_LAST
         assert measure(slow, shared=False) == cli.EXIT_OK
     finally:
@@ -80,14 +74,17 @@ def test_three_measurements_the_step_at_the_second(tmp_path: Path,
     out = capsys.readouterr().out
     assert "since the last measurement" in out
     first, second = (json.loads(p.read_text()) for p in sorted(root.glob("changes__*.json")))
-    assert first["diff_exit_code"] == diff.EXIT_WORSE
+    assert first["diff_exit_code"] == first["exit_code"] == diff.EXIT_WORSE
+    assert first["judged_by"] == "repeats" and first["recorded_changes"]
     assert {w["metric"] for w in first["worse"]} >= {"output_tok_s"}
-    # the same config twice: nothing worse beyond noise (what the exit code says). Not "every
-    # metric within noise": a tail metric of these short runs is heavy-tailed (p99 ITL from 192
-    # gaps came out 0.32x, "better beyond noise", in 1 of 5 runs on a quiet box), which the
-    # t-intervals of 5 repeats do not model (closing note of this change)
-    assert diff.WORSE not in second["counts"] and second["diff_exit_code"] == diff.EXIT_SAME, \
-        second
+    # the same config twice, nothing recorded changed: the measurements judge, and two of them
+    # cannot tell a step from the box's drift (seven measurements of this config on one warm
+    # engine had means 0.53-1.0x of the highest on a quiet box; the repeats judged such a pair
+    # "beyond noise" in CI twice, cold engine and warm). What the repeats alone say is kept
+    # beside it, unasserted: either way on this box
+    assert second["judged_by"] == "measurements" and second["recorded_changes"] == []
+    assert second["exit_code"] == diff.EXIT_SAME and second["worse"] == [], second
+    assert "nothing tunebook records changed since then" in out
 
     ms = measurements.read(root)
     assert len(ms) == 3 and all(m.finished for m in ms)

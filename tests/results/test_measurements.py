@@ -24,13 +24,15 @@ PARAMS = {"experiment": "sched", "model": "qwen3-tiny",
           "load": {"users": [1, 4], "input_len": 32, "output_len": 16}, "repeats": 3}
 
 
-def _measure(root: Path, run_ids: list[str], scale: float, rng: random.Random) -> None:
-    """Stored attempts of every planned run, as a sweep would have written them."""
+def _measure(root: Path, run_ids: list[str], scale: float, rng: random.Random,
+             config_id: str | None = None) -> None:
+    """Stored attempts of every planned run, as a sweep would have written them (config_id:
+    another engine config's id, as a knob changed behind the scheduler's back makes)."""
     for rid in run_ids:
         users = int(rid.split("-u")[1].split("-")[0])
         Store(root).save_run({"row": {
             "run_id": rid, "status": "ok", "started_at": utc_now(), "experiment": "sched",
-            "engine_config_id": rid.split("-")[0], "engine_label": "default",
+            "engine_config_id": config_id or rid.split("-")[0], "engine_label": "default",
             "dataset": "random", "max_concurrency": users, "input_len": 32, "output_len": 16,
             "prefix_len": 0, "hardware": "box", "completed": 8,
             "vllm_version": hardware.vllm_version(),
@@ -65,9 +67,15 @@ def test_a_new_measurement_runs_the_whole_plan_again(tmp_path: Path) -> None:
     assert again.done() == set()  # a new measurement: nothing of the last one reused
 
 
-@pytest.mark.parametrize("scale, code", [(1.0, cli.EXIT_OK), (0.8, cli.EXIT_WORSE_THAN_LAST)])
+@pytest.mark.parametrize("scale, knob_changed, code", [
+    (1.0, False, cli.EXIT_OK), (0.8, True, cli.EXIT_WORSE_THAN_LAST), (0.8, False, cli.EXIT_OK)])
 def test_what_changed_since_the_last_measurement_is_said_first(
-        tmp_path: Path, capsys: pytest.CaptureFixture, scale: float, code: int) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture, scale: float, knob_changed: bool,
+        code: int) -> None:
+    """A recorded change (here the engine config's id, as a knob edited in the file makes)
+    is judged by the repeats: 20 % worse is exit 4. With nothing recorded changed, two
+    measurements cannot tell a step from the box's own drift between measurements: the
+    repeats' diff says worse, the verdict (the history's) does not."""
     params = P.parse(PARAMS)
     root = tmp_path / "sched"
     ids = [r.run_id for r in Sweep(params, tmp_path, SweepOptions(progress=False)).plan.runs]
@@ -78,21 +86,48 @@ def test_what_changed_since_the_last_measurement_is_said_first(
     assert _again_end(args, root, first, set(ids)) == cli.EXIT_OK
     assert "the first measurement" in capsys.readouterr().out
     second = _again_begin(args, root)
-    _measure(root, ids[:-1], scale, rng)  # interrupted before the last run: not finished
+    cid = "e9" if knob_changed else None
+    _measure(root, ids[:-1], scale, rng, cid)  # interrupted before the last run: not finished
     assert _again_end(args, root, second, set(ids)) == cli.EXIT_OK
     assert M.read(root)[-1].finished is None
     resumed = _again_begin(args, root)
     assert resumed.started == second.started
-    _measure(root, ids[-1:], scale, rng)
+    _measure(root, ids[-1:], scale, rng, cid)
     assert _again_end(args, root, resumed, set(ids)) == code
     out = capsys.readouterr().out
     assert out.startswith(f"since the last measurement ({first.started})"), out
     summary = json.loads(next(root.glob("changes__*.json")).read_text())
     assert summary["previous"] == first.started and summary["this"] == second.started
+    assert summary["exit_code"] == (1 if code == cli.EXIT_WORSE_THAN_LAST else 0)
+    assert summary["judged_by"] == ("repeats" if knob_changed else "measurements")
+    assert bool(summary["recorded_changes"]) == knob_changed
     if code == cli.EXIT_WORSE_THAN_LAST:
         assert {w["metric"] for w in summary["worse"]} >= {"output_tok_s"}
     else:
         assert summary["worse"] == []
+    if scale < 1 and not knob_changed:  # what the repeats alone say, kept beside
+        assert summary["diff_exit_code"] == 1 and "nothing tunebook records changed" in out
+
+
+def test_a_measurement_out_of_line_with_earlier_ones_is_worse(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture
+                                                              ) -> None:
+    """Nothing recorded changed, five earlier measurements: their means' spread is the box's
+    noise between measurements, and a sixth 20 % lower is worse beyond it (exit 4)."""
+    params = P.parse(PARAMS)
+    root = tmp_path / "sched"
+    ids = [r.run_id for r in Sweep(params, tmp_path, SweepOptions(progress=False)).plan.runs]
+    rng = random.Random(5)
+    args = argparse.Namespace(again=True, worse_than=0.0)
+    codes = []
+    for scale in (1.0, 1.0, 1.0, 1.0, 1.0, 0.8):
+        m = _again_begin(args, root)
+        _measure(root, ids, scale, rng)
+        codes.append(_again_end(args, root, m, set(ids)))
+    assert codes == [cli.EXIT_OK] * 5 + [cli.EXIT_WORSE_THAN_LAST], capsys.readouterr().out
+    last = json.loads(sorted(root.glob("changes__*.json"))[-1].read_text())
+    assert last["judged_by"] == "measurements" and last["recorded_changes"] == []
+    assert {w["metric"] for w in last["worse"]} >= {"output_tok_s"}
 
 
 def test_the_report_leads_with_the_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch

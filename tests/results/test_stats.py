@@ -141,6 +141,24 @@ def test_ratio_intervals():
         stats.ratio(a, b, method="median")
 
 
+def test_pooled_ratio_is_students_rule_on_the_logs_and_takes_one_value_against_a_spread():
+    """stats.pooled_ratio: geometric means' quotient, both sides' spreads of the logs pooled,
+    n_a + n_b - 2 degrees of freedom (by hand), so a single new value is judged against
+    earlier ones (a prediction interval); one value a side has no spread to judge by."""
+    old, new = [100, 102, 98, 101, 99], [90]
+    r = stats.pooled_ratio(new, old)
+    logs = [math.log(v) for v in old]
+    m = sum(logs) / 5
+    var = sum((x - m) ** 2 for x in logs) / 4  # the new side's one value adds nothing
+    d = math.log(90) - m
+    half = stats.t_quantile(0.95, 4) * math.sqrt(var * (1 + 1 / 5))
+    assert r.known and r.n == 6 and r.mean == pytest.approx(math.exp(d))
+    assert (r.low, r.high) == pytest.approx((math.exp(d - half), math.exp(d + half)))
+    assert r.high < 1
+    assert not stats.pooled_ratio([90], [100]).known
+    assert math.isnan(stats.pooled_ratio([], old).mean)
+
+
 # --- peak and knee ----------------------------------------------------------------------------
 def _curve(label, ys, lats, noise=(1.0,), users=USERS):
     """One load sweep: each repeat is the value times a factor of ``noise`` (mean-preserving

@@ -1,9 +1,18 @@
 """`tunebook history EXPERIMENT`: each metric at each load point over the experiment's dated
 measurements (`--again`, tunebook.results.measurements), asv-style: one chart per metric, a
 line per load point, each measurement's mean with its interval from the repeats, and the steps
-marked — a change beyond noise from one measurement to the next (the rule of tunebook diff:
-new ÷ old with its Welch interval excluding 1, family-wise over every step of the page), with
-what else changed at that step (vLLM version, tunebook commit, machine, engine knobs).
+marked — a change beyond noise from one measurement to the next, family-wise over every step
+of the page, with what else changed at that step (vLLM version, tunebook commit, machine,
+engine knobs).
+
+The unit of noise depends on what tunebook recorded. Where something recorded changed (a
+version, the machine, an engine config), the repeats judge the step: new ÷ old with its Welch
+interval excluding 1, the rule of tunebook diff. Where nothing recorded changed, the
+measurements judge it: the runs of one measurement share the box's state of those minutes, so
+their spread is not the box's noise (on 2 CPU cores, seven measurements of one config on one
+warm engine had means from 0.53x to 1.0x of the highest, consecutive runs alike), and a step
+there is judged by the measurements' means, their spread pooled over both sides (a new one
+against the earlier ones' spread: two at least before it) — asv's unit, a commit's result.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from tunebook.results import measurements, stats
 from tunebook.results.store import Store, ok_rows, rows_to_frame
 
 METRICS = ("output_tok_s", "median_tpot_ms", "p99_ttft_ms", "request_goodput_req_s")
+NOTHING_RECORDED = "nothing tunebook records (the box, the driver, the load?)"
 
 
 @dataclass(frozen=True)
@@ -61,29 +71,45 @@ def series(root: Path, metrics: tuple[str, ...] = METRICS) -> pd.DataFrame:
                                        "engine_label", "engine_config_id"])
 
 
-def _changed(a: measurements.Measurement, b: measurements.Measurement,
-             labels: tuple[set[str], set[str]]) -> str:
+def _recorded(a: measurements.Measurement, b: measurements.Measurement,
+              labels: tuple[set[str], set[str]]) -> list[str]:
+    """What tunebook recorded as changed from measurement a to b (empty: nothing)."""
     said = [f"{name} {x} → {y}" for name, x, y in (
         ("vLLM", a.vllm, b.vllm), ("tunebook", a.tunebook_commit, b.tunebook_commit),
         ("machine", a.machine, b.machine)) if x != y]
     if labels[0] != labels[1]:  # a knob, the model or engine_env: the config's id changed
         said.append(f"engine configs {', '.join(sorted(labels[0]))} → "
                     f"{', '.join(sorted(labels[1]))}")
-    return "; ".join(said) or "nothing tunebook records (the box, the driver, the load?)"
+    return said
 
 
-def _split(groups: list[list[float]], confidence: float, direction: int
+def recorded(root: Path, a: str, b: str, data: pd.DataFrame | None = None) -> list[str]:
+    """What tunebook recorded as changed between the measurements started at a and b."""
+    data = series(root) if data is None else data
+    ms = {m.started: m for m in measurements.read(root)}
+    return _recorded(ms[a], ms[b], (_configs(data[data["measurement"] == a]),
+                                    _configs(data[data["measurement"] == b])))
+
+
+def _split(groups: list[list[float]], confidence: float, explained: list[bool]
            ) -> tuple[int, stats.Interval] | None:
-    """The most significant split of a series into before / after (pooled repeats), and the
-    after ÷ before interval there, when it excludes 1 (None: no step)."""
+    """The most significant split of a series into before / after, and the after ÷ before
+    interval there, when it excludes 1 (None: no step). explained[k]: something recorded
+    changed into measurement k — the repeats of each side pooled judge it; else the
+    measurements' means do (their spreads pooled: three measurements at least)."""
     best = None
     for k in range(1, len(groups)):
-        before = [v for g in groups[:k] for v in g]
-        after = [v for g in groups[k:] for v in g]
-        if min(len(before), len(after)) < diff.MIN_REPEATS:
-            continue
-        r = stats.ratio(stats.Interval.of(after, confidence),
-                        stats.Interval.of(before, confidence), method="delta", dof="hsu")
+        if explained[k]:
+            before = [v for g in groups[:k] for v in g]
+            after = [v for g in groups[k:] for v in g]
+            if min(len(before), len(after)) < diff.MIN_REPEATS:
+                continue
+            r = stats.ratio(stats.Interval.of(after, confidence),
+                            stats.Interval.of(before, confidence), method="delta", dof="hsu")
+        else:  # one box either side under the hypothesis: the means' spreads pooled
+            r = stats.pooled_ratio([math.fsum(g) / len(g) for g in groups[k:] if g],
+                                   [math.fsum(g) / len(g) for g in groups[:k] if g],
+                                   confidence)
         if not r.known or r.low <= 1 <= r.high:
             continue
         score = abs(math.log(r.mean)) / max(r.high - r.low, 1e-12)
@@ -92,17 +118,17 @@ def _split(groups: list[list[float]], confidence: float, direction: int
     return None if best is None else (best[1], best[2])
 
 
-def _segment(groups: list[list[float]], confidence: float, direction: int,
+def _segment(groups: list[list[float]], confidence: float, explained: list[bool],
              offset: int = 0) -> list[tuple[int, stats.Interval]]:
     """Binary segmentation: the step of the whole series, then of each side of it."""
     if len(groups) < 2:
         return []
-    found = _split(groups, confidence, direction)
+    found = _split(groups, confidence, explained)
     if found is None:
         return []
     k, r = found
-    return [*_segment(groups[:k], confidence, direction, offset), (offset + k, r),
-            *_segment(groups[k:], confidence, direction, offset + k)]
+    return [*_segment(groups[:k], confidence, explained[:k], offset), (offset + k, r),
+            *_segment(groups[k:], confidence, explained[k:], offset + k)]
 
 
 def _configs(part: pd.DataFrame) -> set[str]:
@@ -115,12 +141,19 @@ def _configs(part: pd.DataFrame) -> set[str]:
 
 def steps(root: Path, data: pd.DataFrame | None = None) -> list[Step]:
     """Steps beyond noise in each (load point, metric) series over the measurements: the
-    repeats before and after a candidate point pooled (asv's habit of judging a step by the
+    data before and after a candidate point pooled (asv's habit of judging a step by the
     whole series, not by two neighbours), the most significant split taken, then each side
-    searched again. Family-wise: every split tried on the page shares 5 %."""
+    searched again; a split is judged by the repeats where something recorded changed there,
+    else by the measurements (the module's docstring). Family-wise: every split tried on the
+    page shares 5 %."""
     data = series(root) if data is None else data
     ms = {m.started: m for m in measurements.read(root)}
     order = [s for s in ms if s in set(data["measurement"])]
+    labels = [_configs(data[data["measurement"] == s]) for s in order]
+    changes: list[list[str]] = [[]] + [
+        _recorded(ms[order[k - 1]], ms[order[k]], (labels[k - 1], labels[k]))
+        for k in range(1, len(order))]
+    explained = [bool(c) for c in changes]
     grouped = [(load, metric, [part[part["measurement"] == s]["value"].tolist()
                                for s in order])
                for (load, metric), part in data.groupby(["load", "metric"], sort=False)]
@@ -129,11 +162,10 @@ def steps(root: Path, data: pd.DataFrame | None = None) -> list[Step]:
     found = []
     for load, metric, groups in grouped:
         direction = diff.METRICS.get(metric, +1)
-        for k, r in _segment(groups, confidence, direction):
-            a, b = order[k - 1], order[k]
-            labels = tuple(_configs(data[data["measurement"] == s]) for s in (a, b))
-            found.append(Step(metric, load, b, r.mean, r.low, r.high,
-                              diff.verdict(r, direction), _changed(ms[a], ms[b], labels)))
+        for k, r in _segment(groups, confidence, explained):
+            found.append(Step(metric, load, order[k], r.mean, r.low, r.high,
+                              diff.verdict(r, direction),
+                              "; ".join(changes[k]) or NOTHING_RECORDED))
     return found
 
 
@@ -173,10 +205,12 @@ def chart(data: pd.DataFrame, metric: str, found: list[Step]) -> alt.LayerChart 
         ["mean of each measurement's repeats, bars = 95% CI; dashed: a step beyond noise"]))
 
 
-def page(root: Path, metrics: tuple[str, ...] = METRICS) -> tuple[str, list[Step]]:
-    """The history page (self-contained HTML) and the steps it marks."""
-    data = series(root, metrics)
-    found = steps(root, data)
+def page(root: Path, metrics: tuple[str, ...] = METRICS, data: pd.DataFrame | None = None,
+         found: list[Step] | None = None) -> tuple[str, list[Step]]:
+    """The history page (self-contained HTML) and the steps it marks (`data` and `found`:
+    series(root, metrics) and its steps, when the caller has them)."""
+    data = series(root, metrics) if data is None else data
+    found = steps(root, data) if found is None else found
     ms = measurements.read(root)
     parts = [f"<h1>History of {html.escape(root.name)}</h1>",
              f"<p>{len(ms)} measurement(s); {len(found)} step(s) beyond noise "
