@@ -133,7 +133,8 @@ def test_a_measurement_out_of_line_with_earlier_ones_is_worse(tmp_path: Path,
 def test_the_report_leads_with_the_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                           ) -> None:
     """The notebooks' first section after the run (wb.changes): in a dated measurement, the
-    diff against the previous one; otherwise a line saying there is none."""
+    verdict --again exits on, in words, above the diff against the previous one; otherwise a
+    line saying there is none."""
     import IPython.display
 
     from tunebook.present.workbook import Workbook
@@ -155,4 +156,7 @@ def test_the_report_leads_with_the_change(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv(M.SINCE_ENV, second.started)
     wb.changes()
     assert shown[-1].startswith(f"Since the measurement of {first.started}")
-    assert "worse beyond noise" in shown[-1]
+    assert "worse beyond noise" in shown[-1]  # the repeats' table
+    # nothing recorded changed and two measurements: the verdict is the history's
+    assert "**nothing tunebook records changed since then" in shown[-1]
+    assert "nothing worse beyond the noise between measurements**" in shown[-1]

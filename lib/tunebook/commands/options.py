@@ -187,38 +187,19 @@ def _again_end(args: argparse.Namespace, root: Path, m: Any, run_ids: set[str]) 
     said = diff.summary(table, figs, args.worse_than)
     data = history.series(root)
     found = history.steps(root, data)
-    changed = history.recorded(root, prev.started, m.started, data)
+    v = history.verdict_since(root, prev.started, m.started, table, args.worse_than, data,
+                              found)
     print(f"since the last measurement ({prev.started}):\n"
-          + diff.text(table, figs, old.name, new.name))
-    diff_code, worse = said.pop("exit_code"), said.pop("worse")
-    code = diff_code
-    if not changed:  # the runs' spread is not the box's noise: the history's rule judges
-        worse = _history_worse(found, m.started, args.worse_than)
-        code = diff.EXIT_WORSE if worse else diff.EXIT_SAME
-        print("nothing tunebook records changed since then, so the verdict is the history's "
-              "(each measurement one sample of the box's noise): "
-              + (f"{len(worse)} worse" if worse else "no step")
-              + " beyond the noise between measurements")
+          + diff.text(table, figs, old.name, new.name) + "\n" + history.verdict_words(v))
+    said.pop("worse")  # the repeats' list; the verdict's own is v["worse"]
     write_new(root / f"changes__{stamp()}.json", json.dumps({
-        "previous": prev.started, "this": m.started, "recorded_changes": changed,
-        "judged_by": "repeats" if changed else "measurements", "exit_code": code,
-        "worse": worse, "diff_exit_code": diff_code, **said}, indent=1,
-        default=str).encode())
+        "previous": prev.started, "this": m.started, **v, "diff_exit_code": said.pop("exit_code"),
+        **said}, indent=1, default=str).encode())
     text, found = history.page(root, data=data, found=found)
     (root / "history.html").write_text(text)
     print(f"history: {root / 'history.html'} ({len(found)} step(s) beyond noise over "
           f"{len(measurements.read(root))} measurements)")
-    return EXIT_WORSE_THAN_LAST if code == diff.EXIT_WORSE else EXIT_OK
-
-
-def _history_worse(found: list[Any], at: str, worse_than_pct: float) -> list[dict]:
-    """The history's steps into the measurement started at `at` that are worse beyond noise
-    by more than worse_than_pct percent, as diff's rows of what got worse."""
-    from tunebook.present import diff
-
-    return [{"load": s.load, "metric": s.metric, "ratio": s.ratio, "ratio_low": s.low,
-             "ratio_high": s.high} for s in found if s.at == at and s.verdict == diff.WORSE
-            and abs(s.ratio - 1) * 100 > worse_than_pct]
+    return EXIT_WORSE_THAN_LAST if v["exit_code"] == diff.EXIT_WORSE else EXIT_OK
 
 
 def _index(outputs: Path) -> Path | None:

@@ -22,6 +22,7 @@ import html
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import altair as alt
 import pandas as pd
@@ -168,6 +169,39 @@ def steps(root: Path, data: pd.DataFrame | None = None) -> list[Step]:
                               diff.verdict(r, direction),
                               "; ".join(changes[k]) or NOTHING_RECORDED))
     return found
+
+
+def verdict_since(root: Path, prev: str, this: str, table: pd.DataFrame,
+                  worse_than_pct: float = 0.0, data: pd.DataFrame | None = None,
+                  found: list[Step] | None = None) -> dict[str, Any]:
+    """A dated measurement's verdict against the one before it (started at prev and this):
+    where something recorded changed, the repeats' (`table`: tunebook diff of the two
+    windows); else the history's steps into it (the module's docstring). The keys of
+    changes__*.json: recorded_changes, judged_by, worse (what got worse beyond noise by more
+    than worse_than_pct percent, as diff's rows) and exit_code (diff's codes)."""
+    data = series(root) if data is None else data
+    found = steps(root, data) if found is None else found
+    changed = recorded(root, prev, this, data)
+    if changed:
+        worse = diff.worst(table, worse_than_pct)[
+            ["load", "metric", "ratio", "ratio_low", "ratio_high"]].to_dict("records")
+    else:
+        worse = [{"load": s.load, "metric": s.metric, "ratio": s.ratio, "ratio_low": s.low,
+                  "ratio_high": s.high} for s in found if s.at == this
+                 and s.verdict == diff.WORSE and abs(s.ratio - 1) * 100 > worse_than_pct]
+    return {"recorded_changes": changed, "judged_by": "repeats" if changed else "measurements",
+            "worse": worse, "exit_code": diff.EXIT_WORSE if worse else diff.EXIT_SAME}
+
+
+def verdict_words(v: dict[str, Any]) -> str:
+    """The verdict in a line, for the terminal and the report."""
+    worse = f"{len(v['worse'])} worse" if v["worse"] else "nothing worse"
+    if v["judged_by"] == "repeats":
+        return (f"what changed since then: {'; '.join(v['recorded_changes'])}; judged by the "
+                f"repeats: {worse} beyond noise")
+    return ("nothing tunebook records changed since then, so the verdict is the history's "
+            f"(each measurement one sample of the box's noise): {worse} beyond the noise "
+            "between measurements")
 
 
 def chart(data: pd.DataFrame, metric: str, found: list[Step]) -> alt.LayerChart | None:

@@ -96,7 +96,8 @@ class Workbook:
 
     def changes(self) -> None:
         """In a dated measurement (`--again`): what changed since the previous one beyond
-        noise (tunebook diff of the two windows), in words; else a line saying there is none."""
+        noise in words (the verdict --again exits on: history.verdict_since) above tunebook
+        diff's table of the two windows; else a line saying there is none."""
         from IPython.display import Markdown, display
 
         from tunebook.present import diff
@@ -115,7 +116,11 @@ class Workbook:
         except diff.DiffError as e:
             display(Markdown(f"Nothing to compare: {e}"))
             return
-        display(Markdown(f"Since the measurement of {prev.started}:\n\n```\n"
+        from tunebook.present import history
+
+        v = history.verdict_since(root, prev.started, since, table)
+        display(Markdown(f"Since the measurement of {prev.started}: "
+                         f"**{history.verdict_words(v)}**.\n\n```\n"
                          + diff.text(table, figs, "the last measurement", "this one")
                          + "\n```"))
 
