@@ -9,11 +9,13 @@ The unit of noise depends on what tunebook recorded. Where something recorded ch
 version, the machine, an engine config), the repeats judge the step: new ÷ old with its Welch
 interval excluding 1, the rule of tunebook diff. Where nothing recorded changed, the
 measurements judge it: the runs of one measurement share the box's state of those minutes, so
-their spread is not the box's noise (benchmarks/box_noise.py, 2 CPU cores: seven
-measurements of one config on one warm engine, the lowest mean 0.53x and 0.56x of the highest
-in two runs, the means' spread 1.5x what the runs predict), and a step
-there is judged by the measurements' means, their spread pooled over both sides (a new one
-against the earlier ones' spread: two at least before it) — asv's unit, a commit's result.
+their spread is not the box's noise (benchmarks/box_noise.py, 2 CPU cores: seven measurements
+of one config on one warm engine, the lowest mean 0.53x and 0.56x of the highest in two runs,
+the means' spread 1.5x what the runs predict). There a step is judged by the measurements'
+means, their spread pooled over both sides (a new one against the earlier ones' spread: two
+at least before it) — asv's unit, a commit's result. `verdict_since` is the same choice for
+one dated measurement against the one before it (--again's exit code, the report's first
+section).
 """
 
 from __future__ import annotations
