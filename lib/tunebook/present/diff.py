@@ -92,11 +92,13 @@ class Side:
                         ev.params, ev.machine)
 
 
-def _key(row: Mapping[str, Any]) -> tuple:
+def load_key(row: Mapping[str, Any]) -> tuple:
+    """A row's load point (LOAD's columns): what diff and the history compare runs within."""
     return tuple(None if pd.isna(row.get(k)) else row.get(k) for k in LOAD)
 
 
-def _load_text(key: tuple) -> str:
+def load_text(key: tuple) -> str:
+    """A load point in words: '8 users at 2 req/s, random 64 in / 24 out'."""
     d = dict(zip(LOAD, key, strict=True))
     if d.get("replay_speed") is not None:
         return f"{d['dataset']} at {d['replay_speed']:g}×"
@@ -126,13 +128,13 @@ def compare(old: pd.DataFrame, new: pd.DataFrame,
                 for s, df in (("old", old), ("new", new))}
     other_machine = bool(machines["old"] and machines["new"]
                          and machines["old"] != machines["new"])
-    keys = sorted({_key(r) for _, r in pd.concat([old, new]).iterrows()},
+    keys = sorted({load_key(r) for _, r in pd.concat([old, new]).iterrows()},
                   key=lambda k: tuple((x is None, str(x) if not isinstance(x, int | float)
                                        else x) for x in k))
     pairs = []
     for key in keys:
-        o = old[[_key(r) == key for _, r in old.iterrows()]]
-        n = new[[_key(r) == key for _, r in new.iterrows()]]
+        o = old[[load_key(r) == key for _, r in old.iterrows()]]
+        n = new[[load_key(r) == key for _, r in new.iterrows()]]
         for metric, direction in metrics.items():
             a = [v for v in (n[metric] if metric in n else []) if pd.notna(v)]
             b = [v for v in (o[metric] if metric in o else []) if pd.notna(v)]
@@ -156,7 +158,7 @@ def compare(old: pd.DataFrame, new: pd.DataFrame,
         v = NOT_COMPARABLE if why else verdict(r, direction)
         if v == NOT_COMPARABLE and why is None:
             why = "no interval (a side's runs do not vary, or a mean is 0)"
-        rows.append({"load": _load_text(key), "metric": metric,
+        rows.append({"load": load_text(key), "metric": metric,
                      "old": b.text(), "new": a.text(), "old_n": b.n, "new_n": a.n,
                      "ratio": r.mean, "ratio_low": r.low if r.known else math.nan,
                      "ratio_high": r.high if r.known else math.nan,

@@ -67,8 +67,8 @@ def series(root: Path, metrics: tuple[str, ...] = METRICS) -> pd.DataFrame:
             for metric in metrics:
                 v = r.get(metric)
                 if v is not None and not pd.isna(v):
-                    rows.append({"measurement": m.started, "load": diff._load_text(
-                        diff._key(r.to_dict())), "metric": metric, "value": float(v),
+                    rows.append({"measurement": m.started, "load": diff.load_text(
+                        diff.load_key(r.to_dict())), "metric": metric, "value": float(v),
                         "engine_label": r.get("engine_label"),
                         "engine_config_id": r.get("engine_config_id")})
     return pd.DataFrame(rows, columns=["measurement", "load", "metric", "value",
