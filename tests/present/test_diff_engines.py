@@ -83,6 +83,7 @@ def test_three_measurements_the_step_at_the_second(tmp_path: Path,
     # "beyond noise" in CI twice, cold engine and warm). What the repeats alone say is kept
     # beside it, unasserted: either way on this box
     assert second["judged_by"] == "measurements" and second["recorded_changes"] == []
+    assert second["alike_before"] == 1 and "too few to tell a step" in out
     assert second["exit_code"] == diff.EXIT_SAME and second["worse"] == [], second
     assert "nothing tunebook records changed since then" in out
 

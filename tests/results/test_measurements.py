@@ -107,6 +107,7 @@ def test_what_changed_since_the_last_measurement_is_said_first(
         assert summary["worse"] == []
     if scale < 1 and not knob_changed:  # what the repeats alone say, kept beside
         assert summary["diff_exit_code"] == 1 and "nothing tunebook records changed" in out
+        assert summary["alike_before"] == 1 and "too few to tell a step" in out
 
 
 def test_a_measurement_out_of_line_with_earlier_ones_is_worse(tmp_path: Path,
@@ -127,6 +128,7 @@ def test_a_measurement_out_of_line_with_earlier_ones_is_worse(tmp_path: Path,
     assert codes == [cli.EXIT_OK] * 5 + [cli.EXIT_WORSE_THAN_LAST], capsys.readouterr().out
     last = json.loads(sorted(root.glob("changes__*.json"))[-1].read_text())
     assert last["judged_by"] == "measurements" and last["recorded_changes"] == []
+    assert last["alike_before"] == 5
     assert {w["metric"] for w in last["worse"]} >= {"output_tok_s"}
 
 
@@ -159,4 +161,5 @@ def test_the_report_leads_with_the_change(tmp_path: Path, monkeypatch: pytest.Mo
     assert "worse beyond noise" in shown[-1]  # the repeats' table
     # nothing recorded changed and two measurements: the verdict is the history's
     assert "**nothing tunebook records changed since then" in shown[-1]
-    assert "nothing worse beyond the noise between measurements**" in shown[-1]
+    assert "nothing worse beyond the noise between measurements — with 1 earlier " in shown[-1]
+    assert "too few to tell a step from the box's drift" in shown[-1]

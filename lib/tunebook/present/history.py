@@ -87,6 +87,16 @@ def _recorded(a: measurements.Measurement, b: measurements.Measurement,
     return said
 
 
+def _changes(root: Path, data: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """The measurements with data, in order, and what tunebook recorded as changed into each
+    (the first: nothing)."""
+    ms = {m.started: m for m in measurements.read(root)}
+    order = [s for s in ms if s in set(data["measurement"])]
+    labels = [_configs(data[data["measurement"] == s]) for s in order]
+    return order, [[]] + [_recorded(ms[order[k - 1]], ms[order[k]], (labels[k - 1], labels[k]))
+                          for k in range(1, len(order))]
+
+
 def recorded(root: Path, a: str, b: str, data: pd.DataFrame | None = None) -> list[str]:
     """What tunebook recorded as changed between the measurements started at a and b."""
     data = series(root) if data is None else data
@@ -151,12 +161,7 @@ def steps(root: Path, data: pd.DataFrame | None = None) -> list[Step]:
     else by the measurements (the module's docstring). Family-wise: every split tried on the
     page shares 5 %."""
     data = series(root) if data is None else data
-    ms = {m.started: m for m in measurements.read(root)}
-    order = [s for s in ms if s in set(data["measurement"])]
-    labels = [_configs(data[data["measurement"] == s]) for s in order]
-    changes: list[list[str]] = [[]] + [
-        _recorded(ms[order[k - 1]], ms[order[k]], (labels[k - 1], labels[k]))
-        for k in range(1, len(order))]
+    order, changes = _changes(root, data)
     explained = [bool(c) for c in changes]
     grouped = [(load, metric, [part[part["measurement"] == s]["value"].tolist()
                                for s in order])
@@ -179,11 +184,19 @@ def verdict_since(root: Path, prev: str, this: str, table: pd.DataFrame,
     """A dated measurement's verdict against the one before it (started at prev and this):
     where something recorded changed, the repeats' (`table`: tunebook diff of the two
     windows); else the history's steps into it (the module's docstring). The keys of
-    changes__*.json: recorded_changes, judged_by, worse (what got worse beyond noise by more
-    than worse_than_pct percent, as diff's rows) and exit_code (diff's codes)."""
+    changes__*.json: recorded_changes, judged_by, alike_before (earlier measurements since
+    the last recorded change: the spread between measurements rests on them), worse (what got
+    worse beyond noise by more than worse_than_pct percent, as diff's rows) and exit_code
+    (diff's codes)."""
     data = series(root) if data is None else data
     found = steps(root, data) if found is None else found
     changed = recorded(root, prev, this, data)
+    order, changes = _changes(root, data)
+    alike = 0  # measurements before this one since the last recorded change
+    for k in range(order.index(this) if this in order else 0, 0, -1):
+        if changes[k]:
+            break
+        alike += 1
     if changed:
         worse = diff.worst(table, worse_than_pct)[
             ["load", "metric", "ratio", "ratio_low", "ratio_high"]].to_dict("records")
@@ -192,7 +205,8 @@ def verdict_since(root: Path, prev: str, this: str, table: pd.DataFrame,
                   "ratio_high": s.high} for s in found if s.at == this
                  and s.verdict == diff.WORSE and abs(s.ratio - 1) * 100 > worse_than_pct]
     return {"recorded_changes": changed, "judged_by": "repeats" if changed else "measurements",
-            "worse": worse, "exit_code": diff.EXIT_WORSE if worse else diff.EXIT_SAME}
+            "alike_before": alike, "worse": worse,
+            "exit_code": diff.EXIT_WORSE if worse else diff.EXIT_SAME}
 
 
 def verdict_words(v: dict[str, Any]) -> str:
@@ -201,9 +215,13 @@ def verdict_words(v: dict[str, Any]) -> str:
     if v["judged_by"] == "repeats":
         return (f"what changed since then: {'; '.join(v['recorded_changes'])}; judged by the "
                 f"repeats: {worse} beyond noise")
-    return ("nothing tunebook records changed since then, so the verdict is the history's "
+    said = ("nothing tunebook records changed since then, so the verdict is the history's "
             f"(each measurement one sample of the box's noise): {worse} beyond the noise "
             "between measurements")
+    if v["alike_before"] < 2:  # no spread between measurements to judge by yet
+        said += (f" — with {v['alike_before']} earlier measurement(s) since the last recorded "
+                 "change, too few to tell a step from the box's drift (two give a first spread)")
+    return said
 
 
 def chart(data: pd.DataFrame, metric: str, found: list[Step]) -> alt.LayerChart | None:
