@@ -107,4 +107,5 @@ def test_three_measurements_the_step_at_the_second(tmp_path: Path,
     ids = {re.findall(r"default \[(\w+)\]", s.what_changed).__len__() for s in found}
     assert ids == {2} and all(s.what_changed.startswith("engine configs default [")
                               for s in found), found
+    assert all("max_num_seqs default → 1" in s.what_changed for s in found), found
     assert f"into {ms[1].started}" in (root / "history.html").read_text()

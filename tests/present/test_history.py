@@ -71,7 +71,8 @@ def _drifting(rng: random.Random, recorded_step: bool) -> pd.DataFrame:
         for _ in range(5):
             rows.append({"measurement": start, "load": "8 users", "metric": "output_tok_s",
                          "value": 100 * (0.5 if half else 1) * box * rng.gauss(1, 0.03),
-                         "engine_label": "default", "engine_config_id": "e2" if half else "e1"})
+                         "engine_label": "default", "engine_config_id": "e2" if half else "e1",
+                         "knobs": json.dumps({"max_num_seqs": 1 if half else 256})})
     return pd.DataFrame(rows)
 
 
@@ -80,7 +81,8 @@ def test_a_box_that_drifts_between_measurements_raises_few_false_steps(tmp_path:
     """Runs of one measurement are not the box's noise (the module's docstring): where
     nothing recorded changed, the measurements judge, and drift alone marks a step in at most
     ~5 % of histories, where pooling the runs (tunebook diff's rule, fit for a recorded
-    change) marks most; a recorded change that halves the throughput is still found, at it."""
+    change) marks most; a recorded change that halves the throughput is still found, at it,
+    naming the knob that changed behind the config's label."""
     _measurements(tmp_path, ["0.32.0"] * 3)
     n = 600  # 5 % of 200 is too few to tell from 8 %: the first 200 seeds gave 19
     false = sum(bool(history.steps(tmp_path, _drifting(random.Random(s), False)))
@@ -92,8 +94,8 @@ def test_a_box_that_drifts_between_measurements_raises_few_false_steps(tmp_path:
     assert pooled_runs > 100, pooled_runs
     found = [history.steps(tmp_path, _drifting(random.Random(s), True)) for s in range(20)]
     assert all({st.at for st in f} == {STARTS[1]} for f in found), found
-    assert all(st.what_changed.startswith("engine configs default [e1] → default [e2]")
-               for f in found for st in f)
+    assert all(st.what_changed == "engine configs default [e1] → default [e2] (max_num_seqs "
+               "256 → 1)" for f in found for st in f)  # the knob behind the unchanged label
 
 
 def test_the_page_from_stored_runs(tmp_path: Path) -> None:

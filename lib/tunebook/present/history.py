@@ -21,6 +21,7 @@ section).
 from __future__ import annotations
 
 import html
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ import pandas as pd
 
 from tunebook.charts.base import HEIGHT, WIDTH, axis_title, titled
 from tunebook.charts.export import offline_html
+from tunebook.core.knobs import KNOBS
 from tunebook.present import diff
 from tunebook.results import measurements, stats
 from tunebook.results.store import Store, ok_rows, rows_to_frame
@@ -70,20 +72,52 @@ def series(root: Path, metrics: tuple[str, ...] = METRICS) -> pd.DataFrame:
                     rows.append({"measurement": m.started, "load": diff.load_text(
                         diff.load_key(r.to_dict())), "metric": metric, "value": float(v),
                         "engine_label": r.get("engine_label"),
-                        "engine_config_id": r.get("engine_config_id")})
+                        "engine_config_id": r.get("engine_config_id"),
+                        "knobs": _knobs_of(r)})
     return pd.DataFrame(rows, columns=["measurement", "load", "metric", "value",
-                                       "engine_label", "engine_config_id"])
+                                       "engine_label", "engine_config_id", "knobs"])
+
+
+# a row's own column of a knob's name that is not that knob: `seed` is the dataset's, fresh
+# per run (core.schema), not the engine's --seed
+_NOT_KNOB_COLUMNS = {"seed"}
+
+
+def _knobs_of(row: pd.Series) -> str:
+    """The engine knobs a row was measured with (core.knobs' names among its columns), as
+    sorted JSON: what a step names when a config changed behind its label."""
+    out = {}
+    for name in KNOBS.keys() - _NOT_KNOB_COLUMNS:
+        v = row.get(name)
+        if v is None or (not isinstance(v, str) and pd.isna(v)):
+            continue
+        v = v.item() if hasattr(v, "item") else v  # numpy scalars
+        out[name] = int(v) if isinstance(v, float) and v.is_integer() else v
+    return json.dumps(out, sort_keys=True, default=str)
+
+
+def _knob_change(a: set[str], b: set[str]) -> str | None:
+    """'max_num_seqs default → 1' from one measurement's knobs to the next's, each of one
+    engine config (None: several configs a side, or no knob differs)."""
+    if len(a) != 1 or len(b) != 1:
+        return None
+    ka, kb = json.loads(next(iter(a))), json.loads(next(iter(b)))
+    said = [f"{k} {ka.get(k, 'default')} → {kb.get(k, 'default')}"
+            for k in sorted(ka.keys() | kb.keys()) if ka.get(k) != kb.get(k)]
+    return ", ".join(said) or None
 
 
 def _recorded(a: measurements.Measurement, b: measurements.Measurement,
-              labels: tuple[set[str], set[str]]) -> list[str]:
+              labels: tuple[set[str], set[str]], knobs: tuple[set[str], set[str]] = (set(), set())
+              ) -> list[str]:
     """What tunebook recorded as changed from measurement a to b (empty: nothing)."""
     said = [f"{name} {x} → {y}" for name, x, y in (
         ("vLLM", a.vllm, b.vllm), ("tunebook", a.tunebook_commit, b.tunebook_commit),
         ("machine", a.machine, b.machine)) if x != y]
     if labels[0] != labels[1]:  # a knob, the model or engine_env: the config's id changed
+        which = _knob_change(*knobs)
         said.append(f"engine configs {', '.join(sorted(labels[0]))} → "
-                    f"{', '.join(sorted(labels[1]))}")
+                    f"{', '.join(sorted(labels[1]))}" + (f" ({which})" if which else ""))
     return said
 
 
@@ -92,17 +126,23 @@ def _changes(root: Path, data: pd.DataFrame) -> tuple[list[str], list[list[str]]
     (the first: nothing)."""
     ms = {m.started: m for m in measurements.read(root)}
     order = [s for s in ms if s in set(data["measurement"])]
-    labels = [_configs(data[data["measurement"] == s]) for s in order]
-    return order, [[]] + [_recorded(ms[order[k - 1]], ms[order[k]], (labels[k - 1], labels[k]))
-                          for k in range(1, len(order))]
+    parts = [data[data["measurement"] == s] for s in order]
+    labels, knobs = [_configs(p) for p in parts], [_knob_sets(p) for p in parts]
+    return order, [[]] + [_recorded(ms[order[k - 1]], ms[order[k]], (labels[k - 1], labels[k]),
+                                    (knobs[k - 1], knobs[k])) for k in range(1, len(order))]
 
 
 def recorded(root: Path, a: str, b: str, data: pd.DataFrame | None = None) -> list[str]:
     """What tunebook recorded as changed between the measurements started at a and b."""
     data = series(root) if data is None else data
     ms = {m.started: m for m in measurements.read(root)}
-    return _recorded(ms[a], ms[b], (_configs(data[data["measurement"] == a]),
-                                    _configs(data[data["measurement"] == b])))
+    parts = [data[data["measurement"] == s] for s in (a, b)]
+    return _recorded(ms[a], ms[b], (_configs(parts[0]), _configs(parts[1])),
+                     (_knob_sets(parts[0]), _knob_sets(parts[1])))
+
+
+def _knob_sets(part: pd.DataFrame) -> set[str]:
+    return set(part["knobs"].dropna()) if "knobs" in part else set()
 
 
 def _split(groups: list[list[float]], confidence: float, explained: list[bool]
