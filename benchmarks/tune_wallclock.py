@@ -1,0 +1,106 @@
+"""The tuning job's wall clock, cold to answer (issue 51, part 2): `tunebook tune PARAMS` into a
+fresh outputs folder with tunebook's compile cache emptied and vLLM's cache root fresh, timed
+from the command's start to its exit, and where that time went — engine starts (each phase:
+imports, weights, compile, CUDA graphs, …, from the rows' start_*_s), load points (every
+stored run's own clock: warm-ups and benchmark) and the rest (tunebook's own: planning,
+engine stops, the report). Not a test: one run.
+
+    .venv/bin/python benchmarks/tune_wallclock.py params/slo.yaml --out /tmp/tune-wallclock \
+        [--drop-caches] [-- -p search.budget.minutes 5]
+    # on the lent H200, through scripts/h200_run.sh:
+    bash scripts/h200_run.sh \
+        '@545:bench tune_wallclock.py params/slo-h200-space3.yaml --drop-caches'
+
+`--drop-caches` (root only) also empties the kernel's page cache first, so the model's files
+are read from disk as on a machine that just booted. Writes OUT/wallclock.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tunebook.core import hardware
+from tunebook.inputs import params as P
+from tunebook.measure.supply import run_seconds
+from tunebook.results.store import Store
+from tunebook.servers import compile_cache
+from tunebook.servers.start_phases import PHASES
+
+
+def engine_starts(rows: list[dict]) -> list[dict]:
+    """One entry per engine start behind the rows (rows of one start share its config id and
+    its startup_s), with its phases."""
+    seen: dict[tuple, dict] = {}
+    for r in rows:
+        if not isinstance(r.get("startup_s"), int | float):
+            continue
+        key = (r.get("engine_config_id"), r["startup_s"])
+        seen.setdefault(key, {"startup_s": float(r["startup_s"]), **{
+            p: float(r[f"start_{p}_s"]) for p in PHASES
+            if isinstance(r.get(f"start_{p}_s"), int | float)}})
+    return list(seen.values())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("params", type=Path)
+    ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="tune-wallclock-")))
+    ap.add_argument("--drop-caches", action="store_true")
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = ap.parse_args(argv[:cut])
+    args.tune_args = argv[cut + 1:]  # after --: more `tunebook tune` arguments
+    params = P.load(args.params)  # bad params fail here, before anything is emptied
+    outputs = args.out / "outputs"
+    if outputs.exists() and any(outputs.iterdir()):
+        print(f"{outputs} is not empty: a cold run needs a fresh folder", file=sys.stderr)
+        return 2
+    outputs.mkdir(parents=True, exist_ok=True)
+    if compile_cache.enabled():
+        compile_cache.clear()
+    env = {**os.environ, "VLLM_CACHE_ROOT": tempfile.mkdtemp(prefix="vllm-cache-")}
+    if args.drop_caches:
+        subprocess.run(["sync"], check=False)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    cmd = [sys.executable, "-m", "tunebook.cli", "tune", str(args.params), "--outputs",
+           str(outputs), "-q", *args.tune_args]
+    t0 = time.monotonic()
+    rc = subprocess.run(cmd, env=env, check=False).returncode
+    wall_s = time.monotonic() - t0
+    rows = [r for d in outputs.rglob("runs") if d.is_dir() and d.parent.name.startswith(
+        params.experiment) for r in Store(d.parent).rows()]
+    starts = engine_starts(rows)
+    start_s = sum(s["startup_s"] for s in starts)
+    points_s = sum(run_seconds(r) for r in rows)
+    phases = {p: round(sum(s.get(p, 0.0) for s in starts), 1) for p in PHASES}
+    m = hardware.machine()
+    out = {"command": " ".join(cmd[1:]), "exit_code": rc, "wall_s": round(wall_s, 1),
+           "engine_starts": len(starts), "starts_s": round(start_s, 1),
+           "start_phases_s": phases, "points": len(rows), "points_s": round(points_s, 1),
+           "other_s": round(wall_s - start_s - points_s, 1), "drop_caches": args.drop_caches,
+           "machine": m.get("hardware"), "vllm": m.get("vllm_package")}
+    share = {k: out[k] / wall_s if wall_s else 0.0 for k in ("starts_s", "points_s", "other_s")}
+    text = (f"# The tuning job, cold to answer\n\n`{out['command']}` on {out['machine']}, "
+            f"{out['vllm']} (page cache {'dropped' if args.drop_caches else 'kept'}): exit "
+            f"{rc} after **{wall_s / 60:.1f} min**.\n\n| where | seconds | share |\n|---|---|---|\n"
+            f"| {len(starts)} engine starts | {start_s:.0f} | {share['starts_s']:.0%} |\n"
+            + "".join(f"| … {p} | {v:.0f} | {v / wall_s:.0%} |\n" for p, v in phases.items()
+                      if v and wall_s)
+            + f"| {len(rows)} load points (runs) | {points_s:.0f} | {share['points_s']:.0%} |\n"
+            f"| the rest (tunebook: plans, stops, report) | {out['other_s']:.0f} | "
+            f"{share['other_s']:.0%} |\n")
+    (args.out / "wallclock.md").write_text(text)
+    (args.out / "wallclock.json").write_text(json.dumps(out, indent=1))
+    print(text)
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
