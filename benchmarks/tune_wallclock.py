@@ -26,26 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import pandas as pd
+
 from tunebook.core import hardware
 from tunebook.inputs import params as P
 from tunebook.measure.supply import run_seconds
 from tunebook.results.store import Store
 from tunebook.servers import compile_cache
-from tunebook.servers.start_phases import PHASES
-
-
-def engine_starts(rows: list[dict]) -> list[dict]:
-    """One entry per engine start behind the rows (rows of one start share its config id and
-    its startup_s), with its phases."""
-    seen: dict[tuple, dict] = {}
-    for r in rows:
-        if not isinstance(r.get("startup_s"), int | float):
-            continue
-        key = (r.get("engine_config_id"), r["startup_s"])
-        seen.setdefault(key, {"startup_s": float(r["startup_s"]), **{
-            p: float(r[f"start_{p}_s"]) for p in PHASES
-            if isinstance(r.get(f"start_{p}_s"), int | float)}})
-    return list(seen.values())
+from tunebook.servers.start_phases import PHASES, phases_frame
 
 
 def main() -> int:
@@ -74,12 +62,16 @@ def main() -> int:
     t0 = time.monotonic()
     rc = subprocess.run(cmd, env=env, check=False).returncode
     wall_s = time.monotonic() - t0
-    rows = [r for d in outputs.rglob("runs") if d.is_dir() and d.parent.name.startswith(
-        params.experiment) for r in Store(d.parent).rows()]
-    starts = engine_starts(rows)
-    start_s = sum(s["startup_s"] for s in starts)
+    exps = [d.parent for d in outputs.rglob("runs")
+            if d.is_dir() and d.parent.name.startswith(params.experiment)]
+    rows = [r for e in exps for r in Store(e).rows()]
+    # one row per engine start (by its log), with its phases
+    starts = pd.concat([phases_frame(list(Store(e).records(requests=False)), e) for e in exps]
+                       or [pd.DataFrame()], ignore_index=True)
+    start_s = float(starts["startup_s"].sum()) if len(starts) else 0.0
     points_s = sum(run_seconds(r) for r in rows)
-    phases = {p: round(sum(s.get(p, 0.0) for s in starts), 1) for p in PHASES}
+    phases = {p: round(float(starts[f"start_{p}_s"].sum()), 1) if f"start_{p}_s" in starts
+              else 0.0 for p in PHASES}
     m = hardware.machine()
     out = {"command": " ".join(cmd[1:]), "exit_code": rc, "wall_s": round(wall_s, 1),
            "engine_starts": len(starts), "starts_s": round(start_s, 1),

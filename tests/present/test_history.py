@@ -84,7 +84,7 @@ def test_a_box_that_drifts_between_measurements_raises_few_false_steps(tmp_path:
     change) marks most; a recorded change that halves the throughput is still found, at it,
     naming the knob that changed behind the config's label."""
     _measurements(tmp_path, ["0.32.0"] * 3)
-    n = 600  # 5 % of 200 is too few to tell from 8 %: the first 200 seeds gave 19
+    n = 600  # 200 histories are too few to tell 5 % from 8 %: the first 200 seeds gave 19
     false = sum(bool(history.steps(tmp_path, _drifting(random.Random(s), False)))
                 for s in range(n))
     assert false <= 0.05 * n + 3 * math.sqrt(n * 0.05 * 0.95), false  # 3 binomial sds

@@ -107,13 +107,17 @@ def _knob_change(a: set[str], b: set[str]) -> str | None:
     return ", ".join(said) or None
 
 
-def _recorded(a: measurements.Measurement, b: measurements.Measurement,
-              labels: tuple[set[str], set[str]], knobs: tuple[set[str], set[str]] = (set(), set())
+def _recorded(ms: dict[str, measurements.Measurement], data: pd.DataFrame, a: str, b: str
               ) -> list[str]:
-    """What tunebook recorded as changed from measurement a to b (empty: nothing)."""
+    """What tunebook recorded as changed from the measurement started at a to the one at b
+    (empty: nothing): its vLLM, tunebook commit and machine (`ms`, by start), and its engine
+    configs with the knobs behind them (`data`, series())."""
+    parts = [data[data["measurement"] == s] for s in (a, b)]
+    labels, knobs = [_configs(p) for p in parts], [_knob_sets(p) for p in parts]
+    ma, mb = ms[a], ms[b]
     said = [f"{name} {x} → {y}" for name, x, y in (
-        ("vLLM", a.vllm, b.vllm), ("tunebook", a.tunebook_commit, b.tunebook_commit),
-        ("machine", a.machine, b.machine)) if x != y]
+        ("vLLM", ma.vllm, mb.vllm), ("tunebook", ma.tunebook_commit, mb.tunebook_commit),
+        ("machine", ma.machine, mb.machine)) if x != y]
     if labels[0] != labels[1]:  # a knob, the model or engine_env: the config's id changed
         which = _knob_change(*knobs)
         said.append(f"engine configs {', '.join(sorted(labels[0]))} → "
@@ -126,19 +130,14 @@ def _changes(root: Path, data: pd.DataFrame) -> tuple[list[str], list[list[str]]
     (the first: nothing)."""
     ms = {m.started: m for m in measurements.read(root)}
     order = [s for s in ms if s in set(data["measurement"])]
-    parts = [data[data["measurement"] == s] for s in order]
-    labels, knobs = [_configs(p) for p in parts], [_knob_sets(p) for p in parts]
-    return order, [[]] + [_recorded(ms[order[k - 1]], ms[order[k]], (labels[k - 1], labels[k]),
-                                    (knobs[k - 1], knobs[k])) for k in range(1, len(order))]
+    return order, [[]] + [_recorded(ms, data, order[k - 1], order[k])
+                          for k in range(1, len(order))]
 
 
 def recorded(root: Path, a: str, b: str, data: pd.DataFrame | None = None) -> list[str]:
     """What tunebook recorded as changed between the measurements started at a and b."""
     data = series(root) if data is None else data
-    ms = {m.started: m for m in measurements.read(root)}
-    parts = [data[data["measurement"] == s] for s in (a, b)]
-    return _recorded(ms[a], ms[b], (_configs(parts[0]), _configs(parts[1])),
-                     (_knob_sets(parts[0]), _knob_sets(parts[1])))
+    return _recorded({m.started: m for m in measurements.read(root)}, data, a, b)
 
 
 def _knob_sets(part: pd.DataFrame) -> set[str]:
@@ -237,13 +236,14 @@ def verdict_since(root: Path, prev: str, this: str, table: pd.DataFrame,
         if changes[k]:
             break
         alike += 1
-    if changed:
-        worse = diff.worst(table, worse_than_pct)[
-            ["load", "metric", "ratio", "ratio_low", "ratio_high"]].to_dict("records")
-    else:
-        worse = [{"load": s.load, "metric": s.metric, "ratio": s.ratio, "ratio_low": s.low,
-                  "ratio_high": s.high} for s in found if s.at == this
-                 and s.verdict == diff.WORSE and abs(s.ratio - 1) * 100 > worse_than_pct]
+    if not changed:  # the history's steps into it, as rows of diff's table
+        table = pd.DataFrame([{"load": s.load, "metric": s.metric, "ratio": s.ratio,
+                               "ratio_low": s.low, "ratio_high": s.high, "verdict": s.verdict}
+                              for s in found if s.at == this],
+                             columns=["load", "metric", "ratio", "ratio_low", "ratio_high",
+                                      "verdict"])
+    worse = diff.worst(table, worse_than_pct)[
+        ["load", "metric", "ratio", "ratio_low", "ratio_high"]].to_dict("records")
     return {"recorded_changes": changed, "judged_by": "repeats" if changed else "measurements",
             "alike_before": alike, "worse": worse,
             "exit_code": diff.EXIT_WORSE if worse else diff.EXIT_SAME}

@@ -286,10 +286,9 @@ def pooled_ratio(a: Sequence[float], b: Sequence[float], confidence: float = CON
     freedom, so one side may be a single value judged against the other's spread (a
     prediction interval). Right where both sides come from one process under the hypothesis
     tested and its noise multiplies (a box's measurements where nothing recorded changed,
-    tunebook.present.history); on the logs it is exact for log-normal noise, where a delta
-    method on a quotient of raw means let ~8 % of pure-noise histories through at 5 % (one
-    measurement against two, 20 % noise between measurements). Its n: the values of both
-    sides, on which the one pooled spread rests."""
+    tunebook.present.history); on the logs it is exact for log-normal noise, and its bounds
+    stay positive where a delta method's symmetric interval of a quotient can fall below 0.
+    Its n: the values of both sides, on which the one pooled spread rests."""
     _check_confidence(confidence)
     la = [math.log(float(v)) for v in a if _finite(v) and float(v) > 0]
     lb = [math.log(float(v)) for v in b if _finite(v) and float(v) > 0]
