@@ -69,12 +69,32 @@ def test_the_installed_release_needs_no_folder() -> None:
         versions.add(current)
 
 
+def test_a_folder_gets_its_bytecode_once(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder installed before tunebook compiled one gets it at the next `vllm add` (what
+    make versions runs), once: an engine importing it where Python writes no bytecode
+    (PYTHONDONTWRITEBYTECODE) would compile it at every start."""
+    monkeypatch.setenv(versions.ENVS_ENV, str(tmp_path))
+    dest = versions.folder(OTHER)
+    (dest / "pkg").mkdir(parents=True)
+    (dest / "pkg" / "__init__.py").write_text("X = 1\n")
+    (dest / versions.DONE).write_text(json.dumps({"version": OTHER}))
+    assert versions.add(OTHER) == dest
+    pyc = next((dest / "pkg" / "__pycache__").glob("__init__.*.pyc"))
+    assert json.loads((dest / versions.DONE).read_text()) == {"version": OTHER,
+                                                               "compiled": True}
+    before = pyc.stat().st_mtime_ns
+    versions.add(OTHER)
+    assert pyc.stat().st_mtime_ns == before
+
+
 def test_the_serve_line_names_the_release() -> None:
     line = kinds.kind_of({"vllm": "0.31.0"}).serve_lines("m", {"vllm": "0.31.0"})
     assert line == ["vllm serve m (vLLM defaults, vLLM 0.31.0)"]
 
 
 @pytest.mark.engine
+@pytest.mark.apart  # its own engines (one launcher per release): a lane of its own
 def test_one_run_two_releases_both_forked_each_row_says_which(tmp_path: Path) -> None:
     """The quickstart's workbook as its notebook runs it (`tunebook run` is that notebook in a
     papermill kernel: a kernel and a launcher import more, ~12 s, for the same sweep)."""

@@ -1,0 +1,40 @@
+"""make test's runner (scripts/test_lanes.py): the quick lane's niceness reaches the sessions
+its processes start (papermill's kernels), which Linux schedules as groups of their own."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("lanes", REPO / "scripts" / "test_lanes.py")
+test_lanes = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(test_lanes)
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/autogroup").exists(),
+                                reason="no scheduler autogroups on this kernel")
+
+
+def _group_nice(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+
+
+def test_a_session_started_below_the_lane_is_niced_as_the_lane() -> None:
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    own = subprocess.Popen(sleep, start_new_session=True)  # as jupyter_client starts a kernel
+    same = subprocess.Popen(sleep)  # in our session: niced with it, by its own niceness
+    try:
+        before = _group_nice(same.pid)
+        assert _group_nice(own.pid) == 0
+        test_lanes._nice_sessions_of(os.getpid())
+        assert _group_nice(own.pid) == test_lanes.QUICK_NICE
+        assert _group_nice(same.pid) == before  # our session's group (the engine lane's too)
+    finally:
+        for p in (own, same):
+            p.kill()
+            p.wait()
