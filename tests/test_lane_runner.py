@@ -29,11 +29,11 @@ def test_a_session_started_below_the_lane_is_niced_as_the_lane() -> None:
     own = subprocess.Popen(sleep, start_new_session=True)  # as jupyter_client starts a kernel
     same = subprocess.Popen(sleep)  # in our session: niced with it, by its own niceness
     try:
-        before = _group_nice(same.pid)
-        assert _group_nice(own.pid) == 0
+        # (under make test the runner itself may have niced `own` already: this lane's)
         test_lanes._nice_sessions_of(os.getpid())
         assert _group_nice(own.pid) == test_lanes.QUICK_NICE
-        assert _group_nice(same.pid) == before  # our session's group (the engine lane's too)
+        # our session's group is left as it was (under make test, the engine lane's too)
+        assert _group_nice(same.pid) == _group_nice(os.getpid())
     finally:
         for p in (own, same):
             p.kill()
