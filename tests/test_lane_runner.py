@@ -38,3 +38,17 @@ def test_a_session_started_below_the_lane_is_niced_as_the_lane() -> None:
         for p in (own, same):
             p.kill()
             p.wait()
+
+
+def test_the_quick_lane_is_a_session_niced_as_a_group() -> None:
+    """Its own pytest and what it starts in its session share one scheduler group, niced: in
+    the runner's session (the engine lane's) a niced task still took its group's share."""
+    lane = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            preexec_fn=test_lanes._quick_lane)
+    try:
+        assert os.getsid(lane.pid) == lane.pid != os.getsid(os.getpid())
+        assert _group_nice(lane.pid) == test_lanes.QUICK_NICE
+        assert os.getpriority(os.PRIO_PROCESS, lane.pid) == test_lanes.QUICK_NICE
+    finally:
+        lane.kill()
+        lane.wait()
