@@ -94,7 +94,6 @@ def test_the_serve_line_names_the_release() -> None:
 
 
 @pytest.mark.engine
-@pytest.mark.apart  # its own engines (one launcher per release): a lane of its own
 def test_one_run_two_releases_both_forked_each_row_says_which(tmp_path: Path) -> None:
     """The quickstart's workbook as its notebook runs it (`tunebook run` is that notebook in a
     papermill kernel: a kernel and a launcher import more, ~12 s, for the same sweep)."""

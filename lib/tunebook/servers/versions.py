@@ -34,6 +34,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tunebook.core.files import replace_atomic
 from tunebook.core.hardware import distribution
 from tunebook.core.knobs import VERSION_RE
 
@@ -133,7 +134,8 @@ def _compiled(dest: Path) -> None:
     record = json.loads((dest / DONE).read_text())
     if not record.get("compiled"):
         _compile(dest)
-        (dest / DONE).write_text(json.dumps({**record, "compiled": True}, indent=1))
+        # replaced whole: a folder whose record a reader finds cut short would not be ready
+        replace_atomic(dest / DONE, json.dumps({**record, "compiled": True}, indent=1).encode())
 
 
 def _dists(path: Path) -> dict[str, md.Distribution]:
