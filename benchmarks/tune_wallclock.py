@@ -13,6 +13,12 @@ engine stops, the report). Not a test: one run.
 
 `--drop-caches` (root only) also empties the kernel's page cache first, so the model's files
 are read from disk as on a machine that just booted. Writes OUT/wallclock.md and .json.
+
+`--resume` continues a job that an earlier call of this script left unfinished in the same OUT
+(the lent GPU's calls end at 10 minutes; `tunebook tune` resumes its stored search): each call
+is a leg, timed apart and added up. A leg on a fresh machine starts as cold as the first (no
+compile cache, no page cache), where one unbroken job would have reused what its earlier starts
+compiled, so the sum is an upper bound of the one-go job's wall clock.
 """
 
 from __future__ import annotations
@@ -41,14 +47,29 @@ def main() -> int:
     ap.add_argument("params", type=Path)
     ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="tune-wallclock-")))
     ap.add_argument("--drop-caches", action="store_true")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the unfinished job in OUT: one more leg")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args = ap.parse_args(argv[:cut])
     args.tune_args = argv[cut + 1:]  # after --: more `tunebook tune` arguments
     params = P.load(args.params)  # bad params fail here, before anything is emptied
     outputs = args.out / "outputs"
-    if outputs.exists() and any(outputs.iterdir()):
-        print(f"{outputs} is not empty: a cold run needs a fresh folder", file=sys.stderr)
+    legs: list[dict] = []
+    if args.resume:
+        try:
+            earlier = json.loads((args.out / "wallclock.json").read_text())
+        except (OSError, ValueError) as e:
+            print(f"--resume: no earlier leg in {args.out} ({e})", file=sys.stderr)
+            return 2
+        legs = earlier.get("legs") or [{k: earlier[k] for k in
+                                        ("wall_s", "exit_code", "drop_caches")}]
+        if legs[-1]["exit_code"] == 0:
+            print(f"--resume: the job in {args.out} has ended (exit 0)", file=sys.stderr)
+            return 2
+    elif outputs.exists() and any(outputs.iterdir()):
+        print(f"{outputs} is not empty: a cold run needs a fresh folder (or --resume)",
+              file=sys.stderr)
         return 2
     outputs.mkdir(parents=True, exist_ok=True)
     if compile_cache.enabled():
@@ -61,7 +82,9 @@ def main() -> int:
            str(outputs), "-q", *args.tune_args]
     t0 = time.monotonic()
     rc = subprocess.run(cmd, env=env, check=False).returncode
-    wall_s = time.monotonic() - t0
+    legs.append({"wall_s": round(time.monotonic() - t0, 1), "exit_code": rc,
+                 "drop_caches": args.drop_caches})
+    wall_s = sum(leg["wall_s"] for leg in legs)
     exps = [d.parent for d in outputs.rglob("runs")
             if d.is_dir() and d.parent.name.startswith(params.experiment)]
     rows = [r for e in exps for r in Store(e).rows()]
@@ -73,15 +96,22 @@ def main() -> int:
     phases = {p: round(float(starts[f"start_{p}_s"].sum()), 1) if f"start_{p}_s" in starts
               else 0.0 for p in PHASES}
     m = hardware.machine()
-    out = {"command": " ".join(cmd[1:]), "exit_code": rc, "wall_s": round(wall_s, 1),
+    # the command as run from the checkout, without this machine's paths
+    shown = [os.path.relpath(c) if c.startswith("/") else c for c in cmd[1:]]
+    out = {"command": " ".join(shown), "exit_code": rc, "wall_s": round(wall_s, 1),
+           "legs": legs,
            "engine_starts": len(starts), "starts_s": round(start_s, 1),
            "start_phases_s": phases, "points": len(rows), "points_s": round(points_s, 1),
            "other_s": round(wall_s - start_s - points_s, 1), "drop_caches": args.drop_caches,
            "machine": m.get("hardware"), "vllm": m.get("vllm_package")}
+    legs_s = " + ".join(f"{g['wall_s']:.0f}" for g in legs)
     share = {k: out[k] / wall_s if wall_s else 0.0 for k in ("starts_s", "points_s", "other_s")}
     text = (f"# The tuning job, cold to answer\n\n`{out['command']}` on {out['machine']}, "
             f"{out['vllm']} (page cache {'dropped' if args.drop_caches else 'kept'}): exit "
-            f"{rc} after **{wall_s / 60:.1f} min**.\n\n| where | seconds | share |\n|---|---|---|\n"
+            f"{rc} after **{wall_s / 60:.1f} min**"
+            + (f" in {len(legs)} calls ({legs_s} s; "
+               "each began cold on a fresh machine: an upper bound of one unbroken run)"
+               if len(legs) > 1 else "") + ".\n\n| where | seconds | share |\n|---|---|---|\n"
             f"| {len(starts)} engine starts | {start_s:.0f} | {share['starts_s']:.0%} |\n"
             + "".join(f"| … {p} | {v:.0f} | {v / wall_s:.0%} |\n" for p, v in phases.items()
                       if v and wall_s)
