@@ -10,7 +10,9 @@ the engine lock around it:
     flock /work/notes/engine.lock .venv/bin/python benchmarks/cpu_warm_start.py \
         [--env NAME=VALUE ...] [--no-cache]
 
-`--env` adds server variables (to try a lever); `--no-cache` measures vLLM's defaults
+`--env` adds server variables (to try a lever); `--vllm VERSION` starts another release
+installed beside (`tunebook vllm add`; its own compile cache is the one cleared); `--no-cache`
+measures vLLM's defaults
 (TUNEBOOK_COMPILE_CACHE=0, a fresh VLLM_CACHE_ROOT so the cold start is cold). One run each:
 the machine is noisy; the ratio is what to compare.
 """
@@ -59,8 +61,9 @@ def decode_tok_s(engine: Engine, requests: int = 4, tokens: int = 64) -> float:
     return requests * tokens / (time.monotonic() - t0)
 
 
-def start_once(label: str, env: dict[str, str], logs: Path) -> dict[str, object]:
-    engine = Engine(resolve_model("qwen3-tiny"), KNOBS, env, logs / f"{label}.log",
+def start_once(label: str, env: dict[str, str], logs: Path,
+               knobs: dict[str, object]) -> dict[str, object]:
+    engine = Engine(resolve_model("qwen3-tiny"), knobs, env, logs / f"{label}.log",
                     startup_timeout_s=600)
     with engine:
         facts = {"start": label, "startup_s": round(engine.startup_s or 0.0, 1),
@@ -76,7 +79,9 @@ def main() -> None:
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--no-cache", action="store_true", help="vLLM's defaults (opt out)")
     ap.add_argument("--logs", type=Path, help="keep the engine logs here")
+    ap.add_argument("--vllm", help="another vLLM release installed beside (the `vllm` knob)")
     args = ap.parse_args()
+    knobs: dict[str, object] = dict(KNOBS, **({"vllm": args.vllm} if args.vllm else {}))
     env = dict(ENV, **dict(kv.split("=", 1) for kv in args.env))
     tmp = Path(tempfile.mkdtemp(prefix="warm-start-"))
     if args.no_cache:
@@ -84,12 +89,15 @@ def main() -> None:
         env.setdefault("VLLM_CACHE_ROOT", str(tmp / "vllm-cache"))
         print(f"cache: vLLM defaults, VLLM_CACHE_ROOT={env['VLLM_CACHE_ROOT']}")
     else:
-        print(f"cache: cleared {compile_cache.clear()}; server env "
-              f"{compile_cache.server_env()}")
+        probe = Engine(resolve_model("qwen3-tiny"), knobs, env)
+        key = probe.compile_env()
+        folder = Path(key["VLLM_CACHE_ROOT"]).parent
+        shutil.rmtree(folder, ignore_errors=True)
+        print(f"cache: cleared {folder}; server env {key}")
     logs = args.logs or tmp
     logs.mkdir(parents=True, exist_ok=True)
     try:
-        rows = [start_once("cold", env, logs), start_once("warm", env, logs)]
+        rows = [start_once("cold", env, logs, knobs), start_once("warm", env, logs, knobs)]
     finally:
         if args.logs is None:
             shutil.rmtree(tmp, ignore_errors=True)

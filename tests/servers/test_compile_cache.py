@@ -120,3 +120,27 @@ def test_engine_opt_out_leaves_vllm_defaults(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
     monkeypatch.setenv(cc.OPT_OUT_ENV, "0")
     assert "VLLM_CACHE_ROOT" not in _engine().server_env()
+
+
+def test_another_release_compiles_into_its_own_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine of another vLLM release (the `vllm` knob) gets the cache of that release:
+    keyed by the installed one, the two releases' artifacts shared a folder, and each start
+    after the other release's rewrote vLLM's model-info cache (its hash is of each release's
+    model code) in a process that imports vLLM (seen in make test: the versions test's 0.31
+    engine, then the next 0.32 start)."""
+    from tunebook.servers import versions
+
+    for name in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_USE_AOT_COMPILE"):
+        monkeypatch.delenv(name, raising=False)
+    dist, here = versions.installed()
+    other = "0.31.0" if here != "0.31.0" else "0.30.0"
+    monkeypatch.setattr(versions, "pythonpath", lambda v: None if v in (None, here) else "/b")
+    m = ModelRef(spec="x", path_or_id="/nowhere", tokenizer="/nowhere", load_format="dummy")
+    mine = Engine(m, {"vllm": here}).server_env()
+    theirs = Engine(m, {"vllm": other}).server_env()
+    assert mine["VLLM_CACHE_ROOT"] == cc.server_env()["VLLM_CACHE_ROOT"]
+    assert theirs["VLLM_CACHE_ROOT"] == str(cc.cache_dir(f"{dist} {other}") / "vllm")
+    assert theirs["TORCHINDUCTOR_CACHE_DIR"] == str(cc.cache_dir(f"{dist} {other}") / "inductor")
+    assert theirs["PYTHONPATH"].startswith("/b")
+    # the AOT switch is the release's own: set only for a release whose AOT load is broken
+    assert ("VLLM_USE_AOT_COMPILE" in theirs) == ((dist, other) in cc.AOT_LOAD_BROKEN)

@@ -377,7 +377,7 @@ class ProcessServer(ServerBase, ABC):
         """The server's environment: ours, the config's VLLM_* variables, then tunebook's own
         (the API key, no usage stats, no colour; dev mode only when the options ask)."""
         # the compile cache first: the shell and the config may point it elsewhere
-        env = {**compile_cache.server_env(), **config.user_environ(), **self.env,
+        env = {**self.compile_env(), **config.user_environ(), **self.env,
                "VLLM_API_KEY": self.api_key, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                "PYTHONUNBUFFERED": "1",
                # Jupyter kernels force colour; a log full of escape codes is hard to read.
@@ -389,6 +389,11 @@ class ProcessServer(ServerBase, ABC):
         env.update(self.kind_env(env))
         env[BLOCK_TABLE_ENV] = str(self.block_table_path)  # read only by tunebook's scheduler
         return env
+
+    def compile_env(self) -> dict[str, str]:
+        """Where this server's compile caches live (tunebook.servers.compile_cache): those of
+        the vLLM installed here; a kind that runs another build names its own."""
+        return compile_cache.server_env()
 
     @property
     def block_table_path(self) -> Path:

@@ -23,7 +23,7 @@ from typing import Any
 
 from tunebook.core import knobs as knob_table
 from tunebook.models.presets import PRESETS, ModelRef, resolve_model, spec_problem
-from tunebook.servers import versions
+from tunebook.servers import compile_cache, versions
 from tunebook.servers.base import HOST, KEEP_ALIVE_S, SERVED_NAME
 from tunebook.servers.process import (
     DEV_MODE_ENV,
@@ -150,6 +150,17 @@ class Engine(ProcessServer):
         if (path := versions.pythonpath(self.knobs.get("vllm"))) is not None:
             out["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
         return out
+
+    def compile_env(self) -> dict[str, str]:
+        """Another vLLM release (the `vllm` knob) compiles into a cache of its own: keyed by
+        the installed release, its artifacts went where the installed one reads them, and the
+        model-info cache that both rewrite by turns (a file hash of each release's model code)
+        made every start after the other release's inspect the model class again in a fresh
+        process that imports vLLM (~9 s of a core on 2 cores)."""
+        version = self.knobs.get("vllm")
+        if version is None or versions.is_installed(version):
+            return super().compile_env()
+        return compile_cache.server_env(vllm=f"{versions.installed()[0]} {version}")
 
     def row(self) -> dict[str, Any]:
         """The start's columns; an engine of another vLLM release (the `vllm` knob) names
