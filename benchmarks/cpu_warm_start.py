@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from tunebook.models.presets import resolve_model
-from tunebook.servers import compile_cache
+from tunebook.servers import compile_cache, versions
 from tunebook.servers.base import SERVED_NAME
 from tunebook.servers.vllm import Engine
 
@@ -89,11 +89,9 @@ def main() -> None:
         env.setdefault("VLLM_CACHE_ROOT", str(tmp / "vllm-cache"))
         print(f"cache: vLLM defaults, VLLM_CACHE_ROOT={env['VLLM_CACHE_ROOT']}")
     else:
-        probe = Engine(resolve_model("qwen3-tiny"), knobs, env)
-        key = probe.compile_env()
-        folder = Path(key["VLLM_CACHE_ROOT"]).parent
-        shutil.rmtree(folder, ignore_errors=True)
-        print(f"cache: cleared {folder}; server env {key}")
+        release = versions.package(args.vllm)  # None: the installed one
+        print(f"cache: cleared {compile_cache.clear(release)}; server env "
+              f"{compile_cache.server_env(release)}")
     logs = args.logs or tmp
     logs.mkdir(parents=True, exist_ok=True)
     try:

@@ -86,6 +86,14 @@ def ready(version: str) -> bool:
     return is_installed(version) or (folder(version) / DONE).is_file()
 
 
+def package(version: str | None) -> str | None:
+    """'<distribution> <version>' of a release other than the installed one (as a row's
+    vllm_package and compile_cache name it); None for the installed one or no version asked."""
+    if version is None or is_installed(version):
+        return None
+    return f"{installed()[0]} {version}"
+
+
 def pythonpath(version: str | None) -> str | None:
     """The folder to put first on an engine's PYTHONPATH for `version` (None: the installed
     one, or no version asked). Raises VersionError if it is not installed beside."""

@@ -157,18 +157,15 @@ class Engine(ProcessServer):
         model-info cache that both rewrite by turns (a file hash of each release's model code)
         made every start after the other release's inspect the model class again in a fresh
         process that imports vLLM (~9 s of a core on 2 cores)."""
-        version = self.knobs.get("vllm")
-        if version is None or versions.is_installed(version):
-            return super().compile_env()
-        return compile_cache.server_env(vllm=f"{versions.installed()[0]} {version}")
+        other = versions.package(self.knobs.get("vllm"))
+        return super().compile_env() if other is None else compile_cache.server_env(vllm=other)
 
     def row(self) -> dict[str, Any]:
         """The start's columns; an engine of another vLLM release (the `vllm` knob) names
         that release as the row's vLLM (vllm_package), not the one tunebook runs on."""
         out = super().row()
-        version = self.knobs.get("vllm")
-        if version is not None and not versions.is_installed(version):
-            out["vllm_package"] = f"{versions.installed()[0]} {version}"
+        if (other := versions.package(self.knobs.get("vllm"))) is not None:
+            out["vllm_package"] = other
         return out
 
     def reset_answer(self, status: int, text: str) -> tuple[str, str]:
