@@ -23,6 +23,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[cpu,dev]"
 	@# PyPI's torchvision/torchaudio/torchcodec break `import vllm` beside the CPU torch.
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	@# jsonschema (altair, nbformat) imports rfc3987-syntax when present (jupyter-events pulls it
+	@# in), which builds 39 grammars at import: ~1.3 s of a core in every kernel and `tunebook
+	@# run`, 0.58x a replot's CPU without it (benchmarks/import_costs.py). Nothing here checks IRIs.
+	$(BIN)/pip uninstall -y -q rfc3987-syntax || true
 	$(BIN)/python -c "import vllm, vllm.benchmarks.serve; print('vllm', vllm.__version__, 'ok')"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
