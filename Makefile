@@ -43,7 +43,7 @@ versions: $(STAMP) ## install VLLM_VERSIONS beside .venv's vLLM (~/.cache/tunebo
 demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML report's path
 	$(BIN)/tunebook run $(PARAMS)
 
-test: $(STAMP) models versions ## the whole suite, real vLLM engines included: two pytest sessions at once, the engine tests and the rest (scripts/test_lanes.py; 467 s in CI; 476-516 s in fresh clones on an earlier 2-core box, 464b1d6 to b20b8b1; 674-775 s on a slower one, dad190c to c5ccaec, where c727b4c took 786 s; 712-754 s there for 7ff1479 and 17ba75f)
+test: $(STAMP) models versions ## the whole suite, real vLLM engines included: two pytest sessions at once, the engine tests and the rest (scripts/test_lanes.py; where the time goes: docs/suite-time.md; 554-579 s in fresh clones on a slow 2-core box since 6e0764c, 669-754 s there before it)
 	$(BIN)/python scripts/test_lanes.py tests
 
 test-fast-start: $(STAMP) models ## only the plain-vs-launcher starts of SmolLM2 (in make test too; 3 engine starts, ~1 min)
