@@ -74,6 +74,13 @@ def committed(pattern: str) -> list[Path]:
     return sorted(p for m in COMMITTED_MACHINES for p in (REPO / "outputs" / m).glob(pattern))
 
 
+# The model of engine tests whose subject is not the model (deaths, Ray): SmolLM2's first 6
+# layers (real weights, a 49,152-token vocabulary). A forked start of it took 2.0-2.3 s against
+# qwen3-tiny's 5.6-5.8 s, most of the difference vLLM's API server deep-copying qwen3-tiny's
+# real Qwen tokenizer, whose vocabulary and merges transformers keeps as Python objects
+# (docs/suite-time.md).
+SMALL_TOKENIZER_MODEL = "smollm2-135m-layers6"
+
 # The engine config the suite shares (model, knobs, env: what EngineConfig.id hashes).
 SHARED_ENGINE: dict[str, Any] = {
     "model": "qwen3-tiny",

@@ -11,13 +11,14 @@ points left, which are `ok`; resume runs exactly the interrupted points again.
 
 Engine starts are the cost, so each start method is one sweep: the engine of each case is the
 replacement of the case before (10 cases, 11 engines, 3 of them cut short), eager (no compile),
-a model with a small tokenizer (MODEL) and one user of short answers. A plain start costs
-several forked ones (vLLM is imported again by each of its three processes), so `make test`
-runs the whole matrix forked (~70 s alone on 2 cores) and, with plain starts, the case the
-issue found broken (ONE_CASE: a spawned engine core's death is seen by vLLM, which stops its
-API server); there the engine that replaces the killed one is forked (REPLACE_FORKED: what
-the case tests is the plain engine's death and that a replacement comes, not a second plain
-start); `make test-faults` (TUNEBOOK_FULL_FAULT_MATRIX=1) runs every case with every method, the API
+a model with a small tokenizer (conftest.SMALL_TOKENIZER_MODEL: 11 starts per method) and one
+user of short answers. A plain start costs several forked ones (vLLM is imported again by each
+of its three processes), so `make test` runs the whole matrix forked (~70 s alone on 2 cores)
+and, with plain starts, the case the issue found broken (ONE_CASE: a spawned engine core's
+death is seen by vLLM, which stops its API server); there the engine that replaces the killed
+one is forked (REPLACE_FORKED: what the case tests is the plain engine's death and that a
+replacement comes, not a second plain start); `make test-faults` (TUNEBOOK_FULL_FAULT_MATRIX=1)
+runs every case with every method, the API
 server forked (the GPU default, its engine core spawned) included. The kills
 between two points happen inside the sweep's
 `on_result` (the sweep is between its points there, however fast the machine); those during a
@@ -45,7 +46,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import titled
+from conftest import SMALL_TOKENIZER_MODEL, titled
 from tunebook.inputs import params as P
 from tunebook.measure.loads import client as client_kind
 from tunebook.measure.sweep import Sweep, SweepOptions
@@ -69,13 +70,6 @@ RUN_TIMEOUT_S = 14  # a point here takes ~1.5 s (24 tokens, twice); 8 s was once
 # for the first point of a replacement engine on a box kept busy by other work (the loop of 10,
 # next to a test run), and 12 s for two points of 48 tokens while a compiled engine started and
 # a test run used both cores: 14 s is 9x a point now (the hang case waits it out once)
-# The engines' model: nothing here is about the model, and a start's seconds are the cost
-# (11 of them per method). SmolLM2's first 6 layers (real weights, 49,152-token vocabulary):
-# a forked start took 2.0-2.3 s against qwen3-tiny's 5.6-5.8 s (one run, three rounds each,
-# alternating), most of the difference being vLLM's API server deep-copying qwen3-tiny's
-# real Qwen tokenizer, whose vocabulary and merges transformers keeps as Python objects
-# (docs/suite-time.md)
-MODEL = "smollm2-135m-layers6"
 # a spawned engine core in `make test`: the case the issue found broken with plain starts (the
 # API server exits once vLLM sees its engine core die; the runs after it were recorded failed,
 # no engine replaced them)
@@ -289,7 +283,7 @@ def test_every_process_killed_at_every_moment(tmp_path: Path, method: str,
     points = sum(m != "start" for m, _ in cases) + 2
     params = tmp_path / "deaths.yaml"
     params.write_text(yaml.safe_dump({
-        "experiment": "deaths", "model": MODEL,
+        "experiment": "deaths", "model": SMALL_TOKENIZER_MODEL,
         "engine": {"max_model_len": 512, "enforce_eager": True},
         "engine_env": {"VLLM_CPU_KVCACHE_SPACE": 1},
         # one engine config; its points are repeats of one user's load

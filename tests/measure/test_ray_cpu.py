@@ -24,7 +24,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import LIB, SHARED_ENGINE
+from conftest import LIB, SHARED_ENGINE, SMALL_TOKENIZER_MODEL
 from tunebook.inputs import params as P
 from tunebook.inputs.plan import make_plan
 
@@ -36,11 +36,10 @@ LOAD = {"users": [1], "input_len": 64, "output_len": 16, "prompts_per_user": 2,
 
 def _params(tmp: Path, name: str, **changes) -> Path:
     # enforce_eager: no torch.compile (what these tests check is Ray's, not vLLM's compile),
-    # so each of the four engine starts here is shorter on 2 cores; SmolLM2's first 6 layers
-    # for the same reason: vLLM deep-copies qwen3-tiny's real Qwen tokenizer at every start
-    # (docs/suite-time.md)
+    # so each of the four engine starts here is shorter on 2 cores; SMALL_TOKENIZER_MODEL for
+    # the same reason
     engine = {**SHARED_ENGINE["engine"], "enforce_eager": True}
-    data = {**SHARED_ENGINE, "model": "smollm2-135m-layers6", "engine": engine,
+    data = {**SHARED_ENGINE, "model": SMALL_TOKENIZER_MODEL, "engine": engine,
             "experiment": name, "load": LOAD, **changes}
     p = tmp / f"{name}.yaml"
     p.write_text(yaml.safe_dump(data))
