@@ -78,7 +78,7 @@ def committed(pattern: str) -> list[Path]:
 # layers (real weights, a 49,152-token vocabulary). A forked start of it took 2.0-2.3 s against
 # qwen3-tiny's 5.6-5.8 s, most of the difference vLLM's API server deep-copying qwen3-tiny's
 # real Qwen tokenizer, whose vocabulary and merges transformers keeps as Python objects
-# (docs/suite-time.md).
+# (docs/suite-time.md; benchmarks/model_starts.py).
 SMALL_TOKENIZER_MODEL = "smollm2-135m-layers6"
 
 # The engine config the suite shares (model, knobs, env: what EngineConfig.id hashes).
