@@ -159,9 +159,13 @@ def _split(groups: list[list[float]], confidence: float, explained: list[bool]
                 continue
             r = stats.ratio(stats.Interval.of(after, confidence),
                             stats.Interval.of(before, confidence), method="delta", dof="hsu")
-        else:  # one box either side under the hypothesis: the means' spreads pooled
-            r = stats.pooled_ratio([math.fsum(g) / len(g) for g in groups[k:] if g],
-                                   [math.fsum(g) / len(g) for g in groups[:k] if g],
+        else:  # one box either side under the hypothesis: the means' spreads pooled, of
+            # the measurements since the last recorded change and before the next (a config
+            # change taken for the box's drift once made two alike measurements a step)
+            first = max((j for j in range(k) if explained[j]), default=0)
+            end = next((j for j in range(k + 1, len(groups)) if explained[j]), len(groups))
+            r = stats.pooled_ratio([math.fsum(g) / len(g) for g in groups[k:end] if g],
+                                   [math.fsum(g) / len(g) for g in groups[first:k] if g],
                                    confidence)
         if not r.known or r.low <= 1 <= r.high:
             continue
