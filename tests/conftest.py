@@ -20,7 +20,8 @@
   tests and, under `make test`, wait for the quick lane to end (`quiet_box`); the
   fast-start module (`fast_start`) runs last of all, as it kills the session's launcher under
   an engine (the panel's starts fork from it: after the kill, its first start imported a new
-  launcher, 16.6 s against 3.8).
+  launcher, 16.6 s against 3.8) — but for its plain start (`plain_start`), which needs no
+  launcher and runs among the other engine tests, before the quick lane has ended.
 """
 
 from __future__ import annotations
@@ -74,11 +75,11 @@ def committed(pattern: str) -> list[Path]:
     return sorted(p for m in COMMITTED_MACHINES for p in (REPO / "outputs" / m).glob(pattern))
 
 
-# The model of engine tests whose subject is not the model (deaths, Ray): SmolLM2's first 6
-# layers (real weights, a 49,152-token vocabulary). A forked start of it took 2.0-2.3 s against
-# qwen3-tiny's 5.6-5.8 s, most of the difference vLLM's API server deep-copying qwen3-tiny's
-# real Qwen tokenizer, whose vocabulary and merges transformers keeps as Python objects
-# (docs/suite-time.md; benchmarks/model_starts.py).
+# The model of engine tests whose subject is not the model (deaths, Ray, fast starts):
+# SmolLM2's first 6 layers (real weights, a 49,152-token vocabulary). A forked start of it took
+# 2.0-2.3 s against qwen3-tiny's 5.6-5.8 s, most of the difference vLLM's API server
+# deep-copying qwen3-tiny's real Qwen tokenizer, whose vocabulary and merges transformers keeps
+# as Python objects (docs/suite-time.md; benchmarks/model_starts.py).
 SMALL_TOKENIZER_MODEL = "smollm2-135m-layers6"
 
 # The engine config the suite shares (model, knobs, env: what EngineConfig.id hashes).
@@ -243,6 +244,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Replot users after the other quick tests (their replots have had time to finish),
     engine tests last; each group in its own order (a stable sort)."""
     def group(item: pytest.Item) -> int:
+        if item.get_closest_marker("plain_start"):
+            return 3  # the fast-start tests' plain start: it needs no launcher
         if item.get_closest_marker("fast_start"):
             return 6  # it kills the session's launcher: after every test that forks from it
         if item.get_closest_marker("stops_shared_engine"):

@@ -197,9 +197,10 @@ def test_runner_signal_mid_run_then_resume(tmp_path: Path, sig: signal.Signals,
     grid = [BAD_BACKEND, {}] if term else [{}]
     # 6 prompts at 2 users, one sequence at a time: seconds of decoding after the event below,
     # which the freeze holds (two at a time, that point once took 0.87 s and ended before a
-    # poll every 0.1 s saw its reset, on two cores shared with the rest of the suite)
+    # poll every 0.1 s saw its reset, on two cores shared with the rest of the suite); 48
+    # tokens each, not BASE's 96: ~4 s, and the three points run here take half as long
     params = _params(tmp_path, f"sig{int(sig)}", engine={**EAGER, "max_num_seqs": 1},
-                     engine_grid=grid)
+                     engine_grid=grid, load={**BASE["load"], "output_len": 48})
     exp = tmp_path / params.stem
     sweep = _Spawned(params, tmp_path, scheduler=term)
     # Events, not a window: the engine logs the 2-user run's prefix-cache reset (the sweep

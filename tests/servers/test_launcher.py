@@ -197,6 +197,33 @@ def test_a_dead_launcher_makes_later_starts_plain_and_says_why(
     assert "the launcher died" not in capsys.readouterr().err
 
 
+def test_the_launcher_let_go_is_the_least_recently_used(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], tmp_path: Path) -> None:
+    """Three launchers' worth of environments (OpenMP's variables differ) where two are kept:
+    the one let go is the one unused longest, not the oldest (a run of two releases once let go
+    of the launcher the session's other engines forked from, imported again by the next)."""
+    monkeypatch.setattr(L, "_LAUNCHERS", [])
+    monkeypatch.setattr(L, "_GAVE_UP", None)
+    choice = L.Choice(L.API_FORK)
+    envs = {name: {**env, "OMP_NUM_THREADS": n} for name, n in (("a", "1"), ("b", "2"),
+                                                                   ("c", "3"))}
+
+    def start(name: str) -> None:
+        proc, got = L.launch(sys.executable, _argv(tmp_path / f"{name}.json", "0"), envs[name],
+                             tmp_path / f"{name}.log", choice)
+        assert proc is not None and got.method == L.API_FORK and proc.wait(timeout=30) == 0
+
+    try:
+        start("a")
+        start("b")
+        a, b = L._LAUNCHERS
+        start("a")  # forked from a again: a is now the most recently used
+        start("c")
+        assert a.alive() and not b.alive() and a in L._LAUNCHERS and len(L._LAUNCHERS) == 2
+    finally:
+        L.stop_all()
+
+
 def test_a_variable_read_at_import_set_otherwise_is_a_plain_start(
         monkeypatch: pytest.MonkeyPatch, env: dict[str, str], tmp_path: Path) -> None:
     """vLLM reads some variables while it is imported (its logging, for one): an engine whose

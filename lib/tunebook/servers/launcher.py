@@ -598,7 +598,7 @@ def _launch(python: str, argv: list[str], env: dict[str, str], log: Path,
         return None, Choice(EXEC, _GAVE_UP)
     fit = [x for x in _LAUNCHERS if x.python == python and x.module == module and x.alive()
            and not x.differs(env)]
-    launcher = fit[0] if fit else _borrow(python, module, env)
+    launcher = _keep(fit[0]) if fit else _borrow(python, module, env)
     if launcher is None:
         # a short temporary folder: a Unix socket's path has at most ~100 bytes
         launcher = _keep(Launcher(python, module,
@@ -652,7 +652,11 @@ def _borrow(python: str, module: str, env: dict[str, str]) -> Launcher | None:
 
 
 def _keep(x: Launcher) -> Launcher:
-    """`x` among this process's launchers, the oldest let go when there are MAX_LAUNCHERS."""
+    """`x` among this process's launchers, as the most recently used; the least recently used
+    is let go when there are MAX_LAUNCHERS (the oldest was once: a run of two releases let go
+    of the launcher every other engine of the session forked from, imported again next)."""
+    if x in _LAUNCHERS:
+        _LAUNCHERS.remove(x)
     while len(_LAUNCHERS) >= MAX_LAUNCHERS:
         _LAUNCHERS.pop(0).stop()
     _LAUNCHERS.append(x)
