@@ -28,7 +28,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import SHARED_ENGINE, SharedEngine, titled
+from conftest import SHARED_ENGINE, SMALL_TOKENIZER_MODEL, SharedEngine, titled
 from tunebook.inputs import params as P
 from tunebook.measure.sweep import Sweep, SweepOptions
 from tunebook.servers import base, process
@@ -391,13 +391,15 @@ def test_never_ready_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 def test_orphan_from_dead_kernel_is_reaped(tmp_path: Path) -> None:
     """A process that started an engine dies hard (as a killed Jupyter kernel does): the next
     start finds the engine through its pid file and stops it. (enforce_eager: no
-    torch.compile, about 18 s less to start on 2 cores; compiling is not what this tests.)"""
+    torch.compile, about 18 s less to start on 2 cores; nor a large tokenizer,
+    SMALL_TOKENIZER_MODEL: neither is what this tests.)"""
     code = (
         "import sys, time\n"
         "from tunebook.servers.base import ServerOptions\n"
         "from tunebook.servers.vllm import Engine\n"
         "from tunebook.models.presets import resolve_model\n"
-        "e = Engine(resolve_model('qwen3-tiny'), {'max_model_len': 1024, 'enforce_eager': True},\n"
+        f"e = Engine(resolve_model({SMALL_TOKENIZER_MODEL!r}),\n"
+        "           {'max_model_len': 1024, 'enforce_eager': True},\n"
         "           {'VLLM_CPU_KVCACHE_SPACE': '1'}, sys.argv[1], startup_timeout_s=600,\n"
         "           options=ServerOptions(dev_mode=True))  # forks from the session's launcher\n"
         "e.start(); print('READY', e.proc.pid, e.port, flush=True); time.sleep(600)\n"
