@@ -4,8 +4,10 @@ beside the wall clock. Every process counts, the command's or not: run it on a b
 
     python benchmarks/busy_time.py --every 5 --out /tmp/busy.tsv -- make test
 
-Prints the command's wall time, busy and idle CPU s, and the busy share per tenth of the run;
---out keeps every sample (seconds since start, busy and idle CPU s in that interval)."""
+Prints the command's wall time, busy, idle and stolen CPU s (steal: time a virtual machine's
+host ran something else while this one waited: a noisy neighbour, not this box's work), and the
+busy share per tenth of the run; --out keeps every sample (seconds since start, busy, idle and
+stolen CPU s in that interval)."""
 
 from __future__ import annotations
 
@@ -19,23 +21,27 @@ from pathlib import Path
 
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 IDLE_FIELDS = (3, 4)  # idle, iowait
-BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user, nice, system, irq, softirq, steal
+BUSY_FIELDS = (0, 1, 2, 5, 6)  # user, nice, system, irq, softirq
+STEAL_FIELD = 7
 
 
-def _read() -> tuple[float, float]:
-    """(busy, idle) CPU seconds of the whole machine since boot."""
+def _read() -> tuple[float, float, float]:
+    """(busy, idle, stolen) CPU seconds of the whole machine since boot."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return (sum(fields[i] for i in BUSY_FIELDS) * TICK_S,
-            sum(fields[i] for i in IDLE_FIELDS) * TICK_S)
+            sum(fields[i] for i in IDLE_FIELDS) * TICK_S, fields[STEAL_FIELD] * TICK_S)
 
 
-def sample(every_s: float, stop: threading.Event, out: list[tuple[float, float, float]]) -> None:
-    t0, (b0, i0) = time.monotonic(), _read()
+Sample = tuple[float, float, float, float]  # seconds since start; busy, idle, stolen CPU s
+
+
+def sample(every_s: float, stop: threading.Event, out: list[Sample]) -> None:
+    t0, last = time.monotonic(), _read()
     while True:
         ended = stop.wait(every_s)
-        b, i = _read()
-        out.append((time.monotonic() - t0, b - b0, i - i0))
-        b0, i0 = b, i
+        now = _read()
+        out.append((time.monotonic() - t0, *(a - b for a, b in zip(now, last, strict=True))))
+        last = now
         if ended:
             return
 
@@ -49,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not cmd:
         ap.error("give the command after --")
-    samples: list[tuple[float, float, float]] = []
+    samples: list[Sample] = []
     stop = threading.Event()
     t = threading.Thread(target=sample, args=(a.every, stop, samples), daemon=True)
     t0 = time.monotonic()
@@ -58,19 +64,21 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - t0
     stop.set()
     t.join()
-    busy, idle = sum(s[1] for s in samples), sum(s[2] for s in samples)
+    busy, idle, stolen = (sum(s[k] for s in samples) for k in (1, 2, 3))
     cores = os.cpu_count() or 1
     print(f"busy_time: exit {rc}, wall {wall:.0f} s, busy {busy:.0f} CPU s, idle {idle:.0f} "
-          f"CPU s on {cores} cores (busy / cores: {busy / cores:.0f} s)", file=sys.stderr)
+          f"CPU s, stolen {stolen:.0f} CPU s on {cores} cores (busy / cores: "
+          f"{busy / cores:.0f} s)", file=sys.stderr)
     tenths = [[] for _ in range(10)]
     for s in samples:
         tenths[min(9, int(10 * s[0] / max(wall, 1e-9)))].append(s)
-    shares = [sum(x[1] for x in g) / max(1e-9, sum(x[1] + x[2] for x in g)) for g in tenths if g]
+    shares = [sum(x[1] for x in g) / max(1e-9, sum(x[1] + x[2] + x[3] for x in g))
+              for g in tenths if g]
     print("busy_time: busy share per tenth of the run: "
           + " ".join(f"{x:.0%}" for x in shares), file=sys.stderr)
     if a.out:
-        a.out.write_text("t_s\tbusy_cpu_s\tidle_cpu_s\n" + "".join(
-            f"{t_s:.1f}\t{b:.2f}\t{i:.2f}\n" for t_s, b, i in samples))
+        a.out.write_text("t_s\tbusy_cpu_s\tidle_cpu_s\tstolen_cpu_s\n" + "".join(
+            f"{t_s:.1f}\t{b:.2f}\t{i:.2f}\t{st:.2f}\n" for t_s, b, i, st in samples))
     return rc
 
 
