@@ -25,8 +25,9 @@ BUSY_FIELDS = (0, 1, 2, 5, 6)  # user, nice, system, irq, softirq
 STEAL_FIELD = 7
 
 
-def _read() -> tuple[float, float, float]:
-    """(busy, idle, stolen) CPU seconds of the whole machine since boot."""
+def cpu_seconds() -> tuple[float, float, float]:
+    """(busy, idle, stolen) CPU seconds of the whole machine since boot (cpu_per_test.py and
+    model_starts.py count busy + stolen, as the CPU time that was not idle)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return (sum(fields[i] for i in BUSY_FIELDS) * TICK_S,
             sum(fields[i] for i in IDLE_FIELDS) * TICK_S, fields[STEAL_FIELD] * TICK_S)
@@ -36,10 +37,10 @@ Sample = tuple[float, float, float, float]  # seconds since start; busy, idle, s
 
 
 def sample(every_s: float, stop: threading.Event, out: list[Sample]) -> None:
-    t0, last = time.monotonic(), _read()
+    t0, last = time.monotonic(), cpu_seconds()
     while True:
         ended = stop.wait(every_s)
-        now = _read()
+        now = cpu_seconds()
         out.append((time.monotonic() - t0, *(a - b for a, b in zip(now, last, strict=True))))
         last = now
         if ended:

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from busy_time import cpu_seconds  # beside this script
+
 from tunebook.models.presets import resolve_model
 from tunebook.servers.base import SERVED_NAME
 from tunebook.servers.vllm import Engine
@@ -30,9 +32,9 @@ ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 def _busy_s() -> float:
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds the machine has spent not idle since boot (every core; busy_time.py)."""
+    busy, _, stolen = cpu_seconds()
+    return busy + stolen
 
 
 def main() -> None:
