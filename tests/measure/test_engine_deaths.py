@@ -18,9 +18,8 @@ and, with plain starts, the case the issue found broken (ONE_CASE: a spawned eng
 death is seen by vLLM, which stops its API server); there the engine that replaces the killed
 one is forked (REPLACE_FORKED: what the case tests is the plain engine's death and that a
 replacement comes, not a second plain start); `make test-faults` (TUNEBOOK_FULL_FAULT_MATRIX=1)
-runs every case with every method, the API
-server forked (the GPU default, its engine core spawned) included. The kills
-between two points happen inside the sweep's
+runs every case with every method, the API server forked (the GPU default, its engine core
+spawned) included. The kills between two points happen inside the sweep's
 `on_result` (the sweep is between its points there, however fast the machine); those during a
 point when the engine logs the point's first request, the engine's other processes stopped
 from the point's start until then (so a short point cannot end before the kill); those during
