@@ -7,7 +7,9 @@ beside the wall clock. Every process counts, the command's or not: run it on a b
 Prints the command's wall time, busy, idle and stolen CPU s (steal: time a virtual machine's
 host ran something else while this one waited: a noisy neighbour, not this box's work), and the
 busy share per tenth of the run; --out keeps every sample (seconds since start, busy, idle and
-stolen CPU s in that interval)."""
+stolen CPU s in that interval). Beside them, what could stall a process without showing as busy:
+the seconds some task waited on I/O or on memory (Linux PSI, /proc/pressure: "some"), the
+seconds of iowait within the idle ones, and the major page faults (a page read back from disk)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,22 @@ BUSY_FIELDS = (0, 1, 2, 5, 6)  # user, nice, system, irq, softirq
 STEAL_FIELD = 7
 
 
+def stalls() -> tuple[float, float, float, int]:
+    """(iowait CPU s, I/O pressure s, memory pressure s, major faults) since boot: zeros where
+    the kernel has no PSI."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+
+    def some_s(kind: str) -> float:
+        try:
+            line = Path(f"/proc/pressure/{kind}").read_text().split("\n", 1)[0]
+        except OSError:
+            return 0.0
+        return int(line.rsplit("total=", 1)[1]) / 1e6
+
+    vm = dict(line.split() for line in Path("/proc/vmstat").read_text().splitlines())
+    return int(fields[4]) * TICK_S, some_s("io"), some_s("memory"), int(vm["pgmajfault"])
+
+
 def cpu_seconds() -> tuple[float, float, float]:
     """(busy, idle, stolen) CPU seconds of the whole machine since boot (cpu_per_test.py and
     model_starts.py count busy + stolen, as the CPU time that was not idle)."""
@@ -33,14 +51,22 @@ def cpu_seconds() -> tuple[float, float, float]:
             sum(fields[i] for i in IDLE_FIELDS) * TICK_S, fields[STEAL_FIELD] * TICK_S)
 
 
-Sample = tuple[float, float, float, float]  # seconds since start; busy, idle, stolen CPU s
+# seconds since start; busy, idle, stolen CPU s; iowait CPU s, I/O and memory pressure s,
+# major faults (each in the interval)
+Sample = tuple[float, ...]
+COLUMNS = ("t_s", "busy_cpu_s", "idle_cpu_s", "stolen_cpu_s", "iowait_cpu_s", "io_some_s",
+           "memory_some_s", "major_faults")
+
+
+def _now() -> tuple[float, ...]:
+    return (*cpu_seconds(), *stalls())
 
 
 def sample(every_s: float, stop: threading.Event, out: list[Sample]) -> None:
-    t0, last = time.monotonic(), cpu_seconds()
+    t0, last = time.monotonic(), _now()
     while True:
         ended = stop.wait(every_s)
-        now = cpu_seconds()
+        now = _now()
         out.append((time.monotonic() - t0, *(a - b for a, b in zip(now, last, strict=True))))
         last = now
         if ended:
@@ -59,17 +85,22 @@ def main(argv: list[str] | None = None) -> int:
     samples: list[Sample] = []
     stop = threading.Event()
     t = threading.Thread(target=sample, args=(a.every, stop, samples), daemon=True)
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
     t.start()
     rc = subprocess.call(cmd)
     wall = time.monotonic() - t0
     stop.set()
     t.join()
-    busy, idle, stolen = (sum(s[k] for s in samples) for k in (1, 2, 3))
+    busy, idle, stolen, iowait, io_s, mem_s, faults = (sum(s[k] for s in samples)
+                                                       for k in range(1, len(COLUMNS)))
     cores = os.cpu_count() or 1
-    print(f"busy_time: exit {rc}, wall {wall:.0f} s, busy {busy:.0f} CPU s, idle {idle:.0f} "
-          f"CPU s, stolen {stolen:.0f} CPU s on {cores} cores (busy / cores: "
+    print(f"busy_time: exit {rc}, started {time.strftime('%H:%M:%S', time.gmtime(started))} "
+          f"UTC (the TSV's t_s counts from then), wall {wall:.0f} s, busy {busy:.0f} CPU s, "
+          f"idle {idle:.0f} CPU s, stolen {stolen:.0f} CPU s on {cores} cores (busy / cores: "
           f"{busy / cores:.0f} s)", file=sys.stderr)
+    print(f"busy_time: stalls: iowait {iowait:.0f} CPU s (of the idle), some task waiting on "
+          f"I/O {io_s:.0f} s and on memory {mem_s:.0f} s, {faults:.0f} major faults",
+          file=sys.stderr)
     tenths = [[] for _ in range(10)]
     for s in samples:
         tenths[min(9, int(10 * s[0] / max(wall, 1e-9)))].append(s)
@@ -78,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     print("busy_time: busy share per tenth of the run: "
           + " ".join(f"{x:.0%}" for x in shares), file=sys.stderr)
     if a.out:
-        a.out.write_text("t_s\tbusy_cpu_s\tidle_cpu_s\tstolen_cpu_s\n" + "".join(
-            f"{t_s:.1f}\t{b:.2f}\t{i:.2f}\t{st:.2f}\n" for t_s, b, i, st in samples))
+        a.out.write_text("\t".join(COLUMNS) + "\n" + "".join(
+            f"{s[0]:.1f}\t" + "\t".join(f"{x:.2f}" for x in s[1:-1]) + f"\t{s[-1]:.0f}\n"
+            for s in samples))
     return rc
 
 
