@@ -5,8 +5,9 @@ is short; marked `engine`). Three starts in one module: plain (among the other e
 `plain_start`), then, last of the suite, forked with another KV-cache size in its engine_env,
 then forked with the plain one's environment:
 
-- the same KV pool, the same start-up facts (times aside), the same /metrics names and the
-  same greedy completions as the plain start; the phases still add up to startup_s;
+- the same KV pool, the same start-up facts (times aside), the same /metrics names, the same
+  greedy completions and the same cores for each process's threads as the plain start; the
+  phases still add up to startup_s;
 - an engine_env value reaches the forked engine (a pool twice the size) and does not leak
   into the next one (the pool is back).
 
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from conftest import SMALL_TOKENIZER_MODEL
@@ -72,8 +74,25 @@ def _start(tmp: Path, name: str, fast: str, kv_gib: int, monkeypatch: pytest.Mon
             texts.append(__import__("json").loads(body)["choices"][0]["text"])
         metrics = set(re.findall(r"^(vllm:\w+)", e.metrics_text(), re.MULTILINE))
         row = e.row()
+        cores = _cores(e.proc.pid)
         after = then(e) if then else {}
-    return {"row": row, "texts": texts, "metrics": metrics, **after}
+    return {"row": row, "texts": texts, "metrics": metrics, "cores": cores, **after}
+
+
+def _cores(pgid: int) -> dict[str, set[str]]:
+    """Each process of the engine → the cores its threads may run on (Cpus_allowed_list): vLLM
+    places a CPU worker's OpenMP threads (on 2 cores: one thread, on core 0)."""
+    out: dict[str, set[str]] = {}
+    for p in process._group_members(pgid):
+        with contextlib.suppress(OSError, psutil.Error):
+            cmd = " ".join(p.cmdline())
+            role = next((r for r in ("EngineCore", "Worker") if cmd.startswith(f"VLLM::{r}")),
+                        "API server" if p.pid == pgid else cmd[:40])
+            for task in Path(f"/proc/{p.pid}/task").iterdir():
+                status = (task / "status").read_text()
+                out.setdefault(role, set()).add(
+                    re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.MULTILINE)[1])
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -137,6 +156,10 @@ def test_a_forked_start_is_the_same_engine(starts: dict[str, dict[str, Any]]) ->
     assert forked["metrics"] == plain["metrics"] and len(plain["metrics"]) > 10
     assert forked["texts"] == plain["texts"]
     assert all(t.strip() for t in plain["texts"]), plain["texts"]
+    # the worker's threads on the cores vLLM gave it, as spawned: its OpenMP runtime read
+    # vLLM's OMP_PLACES when it started, a forked one in the launcher (launcher._omp_as_spawned)
+    assert "Worker" in plain["cores"] and forked["cores"] == plain["cores"], \
+        (plain["cores"], forked["cores"])
 
 
 def test_phases_add_up(starts: dict[str, dict[str, Any]]) -> None:

@@ -29,6 +29,7 @@ import contextlib
 import gc
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -54,6 +55,9 @@ LOST = -255  # exit code of an engine whose launcher died before it could say
 # Read once, when a process or a library in it starts (the interpreter, the dynamic loader,
 # OpenMP, malloc): a forked engine has the launcher's, whatever its environment says.
 STARTUP_VARS = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MALLOC_")
+# what vLLM's CPU executor sets for each worker it starts, for the worker's OpenMP runtime
+OMP_PLACEMENT = ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND", "GOMP_CPU_AFFINITY",
+                 "KMP_AFFINITY")
 # A running launcher's folder, in the environment of the processes its owner starts (a papermill
 # kernel, a spawned sweep): they fork their engines from it instead of importing vLLM into one
 # of their own. Not for engines that must die with their process (DIE_WITH_PARENT_ENV).
@@ -121,11 +125,14 @@ def _import_recording(module: str) -> dict[str, str | None]:
 
 def _keep_fork_on_cpu() -> None:
     """vLLM's CPU platform sets VLLM_WORKER_MULTIPROC_METHOD=spawn in check_and_update_config;
-    put back what the engine's environment asked for right after it (no-op elsewhere)."""
+    put back what the engine's environment asked for right after it (no-op elsewhere), and
+    give each forked worker the OpenMP threads and cores vLLM asks for (_omp_as_spawned)."""
     try:
         from vllm.platforms import cpu
     except Exception:  # noqa: BLE001 - not a CPU build: nothing forces spawn there
         return
+    inherited = {k: os.environ.get(k) for k in OMP_PLACEMENT}
+    os.register_at_fork(after_in_child=lambda: _omp_as_spawned(inherited))
     original = cpu.CpuPlatform.check_and_update_config.__func__  # type: ignore[attr-defined]
     wanted = os.environ.get(MP_METHOD_ENV)
 
@@ -135,6 +142,43 @@ def _keep_fork_on_cpu() -> None:
             os.environ[MP_METHOD_ENV] = wanted
 
     cpu.CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
+
+
+def _omp_cpus(env: dict[str, str | None]) -> set[int]:
+    """The cores an OpenMP placement in `env` names, as vLLM's CPU executor writes them
+    (vllm/utils/ompmultiprocessing.py): OMP_PLACES "{0,1}", GOMP_CPU_AFFINITY "0 1" (ranges
+    "0-3" too), KMP_AFFINITY "...,proclist=[0,1]"."""
+    cpus: set[int] = set()
+    if places := env.get("OMP_PLACES"):
+        cpus.update(int(x) for x in re.findall(r"\d+", places))
+    elif gomp := env.get("GOMP_CPU_AFFINITY"):
+        for part in gomp.replace(",", " ").split():
+            lo, _, hi = part.partition("-")
+            if lo.isdigit():
+                cpus.update(range(int(lo), int(hi if hi.isdigit() else lo) + 1))
+    elif m := re.search(r"proclist=\[([\d,\s-]+)\]", env.get("KMP_AFFINITY") or ""):
+        cpus.update(int(x) for x in re.findall(r"\d+", m[1]))
+    return cpus
+
+
+def _omp_as_spawned(inherited: dict[str, str | None]) -> None:
+    """In a process forked from a forked engine (on CPU: its worker), right after the fork:
+    the OpenMP threads and cores vLLM asked for. vLLM's CPU executor sets OMP_NUM_THREADS and
+    OMP_PLACES (or GOMP_/KMP_ affinity) around starting each worker, for the worker's OpenMP
+    runtime to read as it starts; a forked worker's runtime started in the launcher and reads
+    nothing, so it ran as many threads as the box has cores, on every core (a plain start's
+    worker on 2 cores: one thread, on core 0). Its threads, made later, inherit both."""
+    now = {k: os.environ.get(k) for k in OMP_PLACEMENT}
+    if now == inherited:  # not a worker vLLM placed (the engine core, a helper)
+        return
+    with contextlib.suppress(OSError, ValueError):
+        if cpus := _omp_cpus(now) & os.sched_getaffinity(0):
+            os.sched_setaffinity(0, cpus)
+    threads = now.get("OMP_NUM_THREADS") or ""
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
 
 
 def die_with_parent() -> None:
