@@ -175,9 +175,17 @@ REPLOTS: dict[str, tuple[str, str]] = {
 REPLOT_WITH_MACHINE = {"cpu-ch07"}
 
 
+# The replots run on a thread while the quick lane's tests do: what they start a process with
+# is taken here, before any test patches it. A test sets sys.executable to /bin/false (pip
+# cannot download, as offline) and one patches subprocess.Popen; a replot started meanwhile ran
+# `/bin/false -m tunebook.cli …` (exit 1, no output: the cpu-slo replot once, after make demo).
+_PYTHON, _POPEN = sys.executable, subprocess.Popen
+
+
 class Replot:
     """`tunebook run PARAMS --outputs OUT --replot -q` on a copy of a committed experiment, in a
-    subprocess; `wait()` gives its exit code and output."""
+    subprocess; `wait()` gives its exit code and output. Its interpreter, Popen and environment
+    are those of the session's start (_PYTHON, _POPEN; the environment when it is made)."""
 
     def __init__(self, params_file: str, stored: str, outputs: Path, machine: bool = False):
         import yaml
@@ -193,17 +201,18 @@ class Replot:
                     shutil.copytree(other, outputs / other.name)
         engines = self.exp / "engines"  # a figures-only experiment has none
         self.engine_logs_before = sorted(engines.iterdir()) if engines.is_dir() else []
+        path = os.pathsep.join(p for p in (str(LIB), os.environ.get("PYTHONPATH")) if p)
+        self.env = {**os.environ, "PYTHONPATH": path}
         self._proc: subprocess.Popen | None = None
         self._done: tuple[int, str] | None = None
         self._finished = threading.Event()
 
     def run(self) -> None:
-        path = os.pathsep.join(p for p in (str(LIB), os.environ.get("PYTHONPATH")) if p)
         try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "tunebook.cli", "run", str(self.params), "--outputs",
+            self._proc = _POPEN(
+                [_PYTHON, "-m", "tunebook.cli", "run", str(self.params), "--outputs",
                  str(self.outputs), "--replot", "-q"], stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": path})
+                stderr=subprocess.STDOUT, text=True, env=self.env)
             out, _ = self._proc.communicate()
             self._done = (self._proc.returncode, out)
         finally:
