@@ -24,13 +24,32 @@ from pathlib import Path
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 IDLE_FIELDS = (3, 4)  # idle, iowait
 BUSY_FIELDS = (0, 1, 2, 5, 6)  # user, nice, system, irq, softirq
-STEAL_FIELD = 7
+IOWAIT_FIELD, STEAL_FIELD = 4, 7
 
 
-def stalls() -> tuple[float, float, float, int]:
+def _cpu_fields() -> list[int]:
+    """The whole machine's line of /proc/stat: clock ticks since boot per kind of time."""
+    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+
+
+def cpu_seconds(fields: list[int] | None = None) -> tuple[float, float, float]:
+    """(busy, idle, stolen) CPU seconds of the whole machine since boot."""
+    f = fields or _cpu_fields()
+    return (sum(f[i] for i in BUSY_FIELDS) * TICK_S, sum(f[i] for i in IDLE_FIELDS) * TICK_S,
+            f[STEAL_FIELD] * TICK_S)
+
+
+def not_idle_seconds() -> float:
+    """CPU seconds the machine has not been idle since boot: busy + stolen (what cpu_per_test.py,
+    model_starts.py and engine_spin.py count)."""
+    busy, _, stolen = cpu_seconds()
+    return busy + stolen
+
+
+def stalls(fields: list[int] | None = None) -> tuple[float, float, float, int]:
     """(iowait CPU s, I/O pressure s, memory pressure s, major faults) since boot: zeros where
     the kernel has no PSI."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    f = fields or _cpu_fields()
 
     def some_s(kind: str) -> float:
         try:
@@ -40,15 +59,7 @@ def stalls() -> tuple[float, float, float, int]:
         return int(line.rsplit("total=", 1)[1]) / 1e6
 
     vm = dict(line.split() for line in Path("/proc/vmstat").read_text().splitlines())
-    return int(fields[4]) * TICK_S, some_s("io"), some_s("memory"), int(vm["pgmajfault"])
-
-
-def cpu_seconds() -> tuple[float, float, float]:
-    """(busy, idle, stolen) CPU seconds of the whole machine since boot (cpu_per_test.py and
-    model_starts.py count busy + stolen, as the CPU time that was not idle)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[i] for i in BUSY_FIELDS) * TICK_S,
-            sum(fields[i] for i in IDLE_FIELDS) * TICK_S, fields[STEAL_FIELD] * TICK_S)
+    return f[IOWAIT_FIELD] * TICK_S, some_s("io"), some_s("memory"), int(vm["pgmajfault"])
 
 
 # seconds since start; busy, idle, stolen CPU s; iowait CPU s, I/O and memory pressure s,
@@ -59,7 +70,8 @@ COLUMNS = ("t_s", "busy_cpu_s", "idle_cpu_s", "stolen_cpu_s", "iowait_cpu_s", "i
 
 
 def _now() -> tuple[float, ...]:
-    return (*cpu_seconds(), *stalls())
+    fields = _cpu_fields()  # one read of /proc/stat for both
+    return (*cpu_seconds(fields), *stalls(fields))
 
 
 def sample(every_s: float, stop: threading.Event, out: list[Sample]) -> None:

@@ -22,28 +22,22 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from busy_time import cpu_seconds  # benchmarks/ is on PYTHONPATH for the plugin
+from busy_time import not_idle_seconds  # benchmarks/ is on PYTHONPATH for the plugin
 
 _rows: list[dict] = []
 _t0: tuple[float, float] = (0.0, 0.0)
 
 
-def _busy_s() -> float:
-    """CPU seconds the machine has spent not idle since boot (every core; busy_time.py)."""
-    busy, _, stolen = cpu_seconds()
-    return busy + stolen
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _t0
-    _t0 = (time.monotonic(), _busy_s())
+    _t0 = (time.monotonic(), not_idle_seconds())
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    b0, w0 = _busy_s(), time.monotonic()
+    b0, w0 = not_idle_seconds(), time.monotonic()
     yield
-    _rows.append({"id": item.nodeid, "core_s": _busy_s() - b0,
+    _rows.append({"id": item.nodeid, "core_s": not_idle_seconds() - b0,
                   "wall_s": time.monotonic() - w0})
 
 
@@ -51,7 +45,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     w0, b0 = _t0
     with open(os.environ.get("CPU_PER_TEST_OUT", "cpu_per_test.json"), "w") as f:
         json.dump({"rows": _rows, "total_wall": time.monotonic() - w0,
-                   "total_core": _busy_s() - b0}, f)
+                   "total_core": not_idle_seconds() - b0}, f)
 
 
 def _per_file(path: str) -> tuple[Counter, dict]:

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from busy_time import cpu_seconds  # benchmarks/ beside this file
+from busy_time import not_idle_seconds  # benchmarks/ beside this file
 
 from tunebook.models.presets import resolve_model
 from tunebook.servers import process
@@ -71,13 +71,12 @@ def main() -> None:
         time.sleep(3)  # past the start's own spinning
         for r in range(a.rounds):
             for phase in ("burst", "after"):
-                t0, b0, w0 = _threads(e.proc.pid), sum(cpu_seconds()[::2]), time.monotonic()
+                t0, b0, w0 = _threads(e.proc.pid), not_idle_seconds(), time.monotonic()
                 if phase == "burst":
                     _burst(e, a.users, 6, 48)
                 else:
                     time.sleep(a.after_s)
-                t1, b1, wall = _threads(e.proc.pid), sum(cpu_seconds()[::2]), \
-                    time.monotonic() - w0
+                t1, b1, wall = _threads(e.proc.pid), not_idle_seconds(), time.monotonic() - w0
                 per = sorted(((t1[k] - t0.get(k, 0.0), k) for k in t1), reverse=True)
                 busy = [f"{s:.2f} {title.strip()}#{tid}" for s, (title, tid) in per if s >= 0.1]
                 print(f"round {r + 1} {phase}: wall {wall:.2f} s, machine busy {b1 - b0:.2f} "

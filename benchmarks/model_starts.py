@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from busy_time import cpu_seconds  # beside this script
+from busy_time import not_idle_seconds  # beside this script
 
 from tunebook.models.presets import resolve_model
 from tunebook.servers.base import SERVED_NAME
@@ -29,12 +29,6 @@ from tunebook.servers.vllm import Engine
 
 KNOBS = {"max_model_len": 512, "enforce_eager": True}
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-
-
-def _busy_s() -> float:
-    """CPU seconds the machine has spent not idle since boot (every core; busy_time.py)."""
-    busy, _, stolen = cpu_seconds()
-    return busy + stolen
 
 
 def main() -> None:
@@ -50,9 +44,9 @@ def main() -> None:
         for model in args.models:
             e = Engine(resolve_model(model), KNOBS, ENV, tmp / f"{model}-{r}.log",
                        startup_timeout_s=600)
-            b0 = _busy_s()
+            b0 = not_idle_seconds()
             e.start()
-            cpu_s = _busy_s() - b0
+            cpu_s = not_idle_seconds() - b0
             try:
                 t0 = time.monotonic()
                 status, _ = e.request("POST", "/v1/completions", {
