@@ -75,8 +75,25 @@ def _start(tmp: Path, name: str, fast: str, kv_gib: int, monkeypatch: pytest.Mon
         metrics = set(re.findall(r"^(vllm:\w+)", e.metrics_text(), re.MULTILINE))
         row = e.row()
         cores = _cores(e.proc.pid)
+        sessions = _sessions(e.proc.pid)
         after = then(e) if then else {}
-    return {"row": row, "texts": texts, "metrics": metrics, "cores": cores, **after}
+    return {"row": row, "texts": texts, "metrics": metrics, "cores": cores,
+            "sessions": sessions, "pgid": e.proc.pid, **after}
+
+
+def _role(p: psutil.Process, pgid: int) -> str:
+    cmd = " ".join(p.cmdline())
+    return next((r for r in ("EngineCore", "Worker") if cmd.startswith(f"VLLM::{r}")),
+                "API server" if p.pid == pgid else cmd[:40])
+
+
+def _sessions(pgid: int) -> dict[str, set[tuple[int, int]]]:
+    """Each process of the engine → its (session, process group)."""
+    out: dict[str, set[tuple[int, int]]] = {}
+    for p in process._group_members(pgid):
+        with contextlib.suppress(OSError, psutil.Error):
+            out.setdefault(_role(p, pgid), set()).add((os.getsid(p.pid), os.getpgid(p.pid)))
+    return out
 
 
 def _cores(pgid: int) -> dict[str, set[str]]:
@@ -85,9 +102,7 @@ def _cores(pgid: int) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for p in process._group_members(pgid):
         with contextlib.suppress(OSError, psutil.Error):
-            cmd = " ".join(p.cmdline())
-            role = next((r for r in ("EngineCore", "Worker") if cmd.startswith(f"VLLM::{r}")),
-                        "API server" if p.pid == pgid else cmd[:40])
+            role = _role(p, pgid)
             for task in Path(f"/proc/{p.pid}/task").iterdir():
                 status = (task / "status").read_text()
                 out.setdefault(role, set()).add(
@@ -160,6 +175,20 @@ def test_a_forked_start_is_the_same_engine(starts: dict[str, dict[str, Any]]) ->
     # vLLM's OMP_PLACES when it started, a forked one in the launcher (launcher._omp_as_spawned)
     assert "Worker" in plain["cores"] and forked["cores"] == plain["cores"], \
         (plain["cores"], forked["cores"])
+
+
+def test_an_engine_is_a_process_group_in_its_owners_session(
+        starts: dict[str, dict[str, Any]]) -> None:
+    """Plain or forked, every process of an engine is in the session of the process that
+    started it (here: this one), in a process group of its own. Linux schedules a session as
+    one group: an engine in a session of its own starved vLLM's client, in this process, for
+    about a second at a time while its queues spun (tunebook.servers.process, Sessions)."""
+    ours = os.getsid(0)
+    for name in ("plain", "forked"):
+        got = starts[name]["sessions"]
+        assert {"API server", "EngineCore", "Worker"} <= set(got), (name, got)
+        assert set().union(*got.values()) == {(ours, starts[name]["pgid"])}, (name, got)
+    assert starts["plain"]["pgid"] != os.getpgid(0)
 
 
 def test_phases_add_up(starts: dict[str, dict[str, Any]]) -> None:

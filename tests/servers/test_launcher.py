@@ -59,7 +59,8 @@ def test_a_forked_start_sees_what_an_exec_would(launcher: L.Launcher, env: dict[
     assert seen["env"] == mine
     assert seen["argv"][1:] == [str(out), "0"] and seen["main"] == "__main__"
     assert seen["cwd"] == os.getcwd()
-    assert seen["pid"] == proc.pid == seen["pgid"] == seen["sid"]  # its own session and group
+    # its own process group, in our session (tunebook.servers.process, Sessions)
+    assert seen["pid"] == proc.pid == seen["pgid"] and seen["sid"] == os.getsid(0)
     text = log.read_text()
     assert text.startswith("tunebook: forked by the launcher at ") and "launchee: written" in text
     # the next engine gets its own environment: nothing of the first one's

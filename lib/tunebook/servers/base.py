@@ -38,7 +38,7 @@ KEEP_ALIVE_S = 75.0
 API_KEY_FILE = "api_key"
 # Set by tunebook.measure.executors.ray_cluster for the sweep a Ray task runs: Ray kills a task's
 # child processes
-# with SIGKILL when its driver dies, and an engine in its own session would outlive them.
+# with SIGKILL when its driver dies, and an engine in its own process group would outlive them.
 DIE_WITH_PARENT_ENV = launcher.DIE_WITH_PARENT_ENV
 
 

@@ -259,7 +259,9 @@ def _child(req: dict[str, Any], listener: socket.socket, conn: socket.socket,
         # handler would make a stop right after the fork an exit with code 0
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        os.setsid()  # its own process group: stopped and reaped as a whole, as a plain start
+        # its own process group (stopped and reaped as a whole, as a plain start), in the
+        # owner's session (tunebook.servers.process, Sessions)
+        os.setpgid(0, 0)
         os.write(settled, b"1")
         os.close(settled)
         log = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -503,7 +505,7 @@ class Launcher:
                 [self.python, "-m", "tunebook.servers.launcher", str(self.sock_path),
                  self.module, *self.preload], stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env={**env, "PYTHONUNBUFFERED": "1"},
-                start_new_session=True, close_fds=True)
+                process_group=0, close_fds=True)  # the engines it forks: the owner's session
         hello = self.folder / "hello.json"
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not hello.exists():

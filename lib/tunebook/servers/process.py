@@ -125,6 +125,13 @@ def _group_members(pgid: int) -> list[psutil.Process]:
     return out
 
 
+# Sessions. An engine (and the launcher it may be forked from) is a process group of its own,
+# stopped and reaped as a whole (killpg), in the session of the process that starts it — not
+# in a session of its own. Linux schedules each session as one group (sched_autogroup), and
+# vLLM's engine core and worker spin (sched_yield) on their shared-memory queues while they
+# serve: an engine in a session of its own kept the benchmark client (vLLM's, in this process)
+# off a CPU for about a second at a time on 2 cores, its requests' tokens then arriving all at
+# once (benchmarks/run_stalls.py; docs/suite-time.md). In the client's session they yield to it.
 STOP_GRACE_S = 20.0  # a serving engine: time to close its connections and its engine core
 NOT_READY_GRACE_S = 3.0  # one that never became ready (Engine.stop says why)
 
@@ -369,7 +376,7 @@ class ProcessServer(ServerBase, ABC):
         self.start_method, self.start_method_note = launcher.EXEC, choice.why
         return subprocess.Popen(
             self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, start_new_session=True, close_fds=True,
+            env=env, process_group=0, close_fds=True,  # the owner's session (Sessions, above)
             preexec_fn=launcher.die_with_parent if os.environ.get(DIE_WITH_PARENT_ENV) else None,
         )
 
