@@ -41,7 +41,8 @@ MODES = ("owner-off", "owner-on", "own-off", "own-on")
 def _own_session(popen: Any) -> Any:
     """subprocess.Popen as tunebook called it for an engine before: a session of its own."""
     def start(*a: Any, **kw: Any) -> Any:
-        if kw.pop("process_group", None) == 0:
+        if kw.get("process_group") == 0:  # only what tunebook now puts in the owner's session
+            del kw["process_group"]
             kw["start_new_session"] = True
         return popen(*a, **kw)
     return start
