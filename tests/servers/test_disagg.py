@@ -240,6 +240,43 @@ class Upstream:
         return web.json_response({"success": True})
 
 
+def test_the_proxy_is_a_process_group_in_its_owners_session(tmp_path):
+    """The proxy is in every request's path: like an engine, it is a process group of its own
+    (stopped as one) in the session of the process that starts it, not a session of its own
+    (tunebook.servers.process, Sessions: Linux schedules a session as one group). Started
+    for real, in front of two local stand-ins for the engines."""
+    import os
+    import threading
+    import time
+
+    from tunebook.models.presets import resolve_model
+
+    cfg = make_plan(parse([pair()])).engines[0]
+    p = disagg.DisaggPair(resolve_model("qwen3-tiny"), cfg.knobs, {},
+                          tmp_path / "engines" / "e1__s.log")
+    p.store = tmp_path / "store"
+    p.store.mkdir()
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def serve(role: str) -> int:
+        runner = web.AppRunner(Upstream(role).app())
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return runner.addresses[0][1]
+
+    for role, e in p.roles.items():
+        e.port = asyncio.run_coroutine_threadsafe(serve(role), loop).result(10)
+    try:
+        p._start_proxy(time.monotonic())
+        assert os.getsid(p.proxy.pid) == os.getsid(0)
+        assert os.getpgid(p.proxy.pid) == p.proxy.pid != os.getpgid(0)
+    finally:
+        p.stop()
+        loop.call_soon_threadsafe(loop.stop)
+    assert p.proxy.poll() is not None
+
+
 KEY = "s3cret-key-of-the-test"
 BODY = {"model": "tunebook-model", "prompt": "hello", "max_tokens": 64, "stream": True,
         "stream_options": {"include_usage": True}, "min_tokens": 8, "ignore_eos": True,

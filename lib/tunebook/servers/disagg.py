@@ -435,9 +435,12 @@ class DisaggPair(ServerBase):
                 "--keep-alive-s", f"{self.keep_alive_s:g}"]
         self.proxy_log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.proxy_log_path, "ab") as log:
+            # a process group of its own in the owner's session, as the engines (process.py,
+            # "Sessions"): it is in every request's path, and a session of its own would be a
+            # scheduler group of its own beside the client's
             self.proxy = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=env,
-                                          start_new_session=True, close_fds=True)
+                                          process_group=0, close_fds=True)
         deadline = time.monotonic() + 60
         while True:
             if self.proxy.poll() is not None:
