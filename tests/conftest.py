@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -249,9 +250,27 @@ ENGINE_FIRST = ("tests/measure/test_engine_deaths.py", "tests/measure/test_fault
                 "tests/servers/test_keep_alive.py")
 
 
+def _lanes():  # scripts/test_lanes.py, make test's runner
+    spec = importlib.util.spec_from_file_location("test_lanes", REPO / "scripts" / "test_lanes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Replot users after the other quick tests (their replots have had time to finish),
-    engine tests last; each group in its own order (a stable sort)."""
+    engine tests last; each group in its own order (a stable sort). An engine test in a module
+    make test's engine lane would not collect (its scan reads the module's text) is refused."""
+    mark = _lanes().ENGINE_MARK
+    unseen = sorted({item.nodeid.split("::")[0] for item in items
+                     if item.get_closest_marker("engine")
+                     and not mark.search(item.path.read_text(errors="replace"))})
+    if unseen:
+        raise pytest.UsageError(
+            f"engine tests in {unseen} are marked in a way make test's engine lane does not "
+            f"see: it collects only modules whose text matches {mark.pattern!r} "
+            "(scripts/test_lanes.py); mark them with pytest.mark.engine in the module")
+
     def group(item: pytest.Item) -> int:
         if item.get_closest_marker("plain_start"):
             return 3  # the fast-start tests' plain start: it needs no launcher

@@ -1,5 +1,6 @@
 """make test's runner (scripts/test_lanes.py): the quick lane's niceness reaches the sessions
-its processes start (papermill's kernels), which Linux schedules as groups of their own."""
+its processes start (papermill's kernels), which Linux schedules as groups of their own; the
+engine lane collects only the modules with engine tests, and conftest refuses one it would miss."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ _spec = importlib.util.spec_from_file_location("lanes", REPO / "scripts" / "test
 test_lanes = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(test_lanes)
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/autogroup").exists(),
+AUTOGROUPS = pytest.mark.skipif(not Path("/proc/self/autogroup").exists(),
                                 reason="no scheduler autogroups on this kernel")
 
 
@@ -24,6 +25,7 @@ def _group_nice(pid: int) -> int:
     return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
 
 
+@AUTOGROUPS
 def test_a_session_started_below_the_lane_is_niced_as_the_lane() -> None:
     sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
     own = subprocess.Popen(sleep, start_new_session=True)  # as jupyter_client starts a kernel
@@ -40,6 +42,7 @@ def test_a_session_started_below_the_lane_is_niced_as_the_lane() -> None:
             p.wait()
 
 
+@AUTOGROUPS
 def test_the_quick_lane_is_a_session_niced_as_a_group() -> None:
     """Its own pytest and what it starts in its session share one scheduler group, niced: in
     the runner's session (the engine lane's) a niced task still took its group's share."""
@@ -52,3 +55,31 @@ def test_the_quick_lane_is_a_session_niced_as_a_group() -> None:
     finally:
         lane.kill()
         lane.wait()
+
+
+def test_the_engine_lane_collects_the_modules_with_engine_tests() -> None:
+    files = [str(f.relative_to(REPO)) for f in test_lanes.engine_files(REPO / "tests")]
+    assert "tests/measure/test_engine_deaths.py" in files  # the whole module marked
+    assert "tests/present/test_deploy.py" in files  # one test marked with a decorator
+    assert "tests/test_lane_runner.py" not in files and len(files) < 30
+    # folders become their engine modules; files, node ids and options pass as they are
+    args = test_lanes.engine_args(["tests/measure", "-x", "tests/core/test_knobs.py::test_a"])
+    assert args[-2:] == ["-x", "tests/core/test_knobs.py::test_a"]
+    assert "tests/measure/test_faults.py" in args[:-2]
+    assert all(a.startswith("tests/measure/") for a in args[:-2])
+
+
+def test_an_engine_test_the_engine_lane_would_not_collect_is_refused(tmp_path: Path) -> None:
+    import conftest
+
+    hidden = tmp_path / "test_hidden.py"  # marked through a name the scan cannot follow
+    hidden.write_text("import pytest\nENGINE = getattr(pytest.mark, 'engine')\n")
+
+    class Item:  # what the hook reads of a collected test
+        path, nodeid = hidden, "test_hidden.py::test_x"
+
+        def get_closest_marker(self, name: str) -> object | None:
+            return object() if name == "engine" else None
+
+    with pytest.raises(pytest.UsageError, match="test_hidden.py"):
+        conftest.pytest_collection_modifyitems(None, [Item()])  # type: ignore[arg-type]
