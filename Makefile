@@ -43,7 +43,7 @@ versions: $(STAMP) ## install VLLM_VERSIONS beside .venv's vLLM (~/.cache/tunebo
 demo: $(STAMP) ## run the quickstart on the embedded CPU model; prints the HTML report's path
 	$(BIN)/tunebook run $(PARAMS)
 
-test: $(STAMP) models versions ## the whole suite, real vLLM engines included: two pytest sessions at once, the engine tests and the rest (scripts/test_lanes.py; where the time goes: docs/suite-time.md; 464-544 s in fresh clones on a slow 2-core box since d2e9d0b (the hour of the box changes it), 498-516 s at 023b16f, 669-754 s before 6e0764c)
+test: $(STAMP) models versions ## the whole suite, real vLLM engines included: two pytest sessions at once, the engine tests and the rest (scripts/test_lanes.py; where the time goes: docs/suite-time.md; 425-504 s in fresh clones on a slow 2-core box since a92eb4f (the hour of the box changes it), 464-544 s since d2e9d0b, 669-754 s before 6e0764c)
 	$(BIN)/python scripts/test_lanes.py tests
 
 test-fast-start: $(STAMP) models ## only the plain-vs-launcher starts of SmolLM2 (in make test too; 3 engine starts, ~1 min)
