@@ -250,21 +250,25 @@ ENGINE_FIRST = ("tests/measure/test_engine_deaths.py", "tests/measure/test_fault
                 "tests/servers/test_keep_alive.py")
 
 
-def _lanes():  # scripts/test_lanes.py, make test's runner
+def _load_runner():
     spec = importlib.util.spec_from_file_location("test_lanes", REPO / "scripts" / "test_lanes.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+RUNNER = _load_runner()  # scripts/test_lanes.py, make test's runner (a script, not a package)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Replot users after the other quick tests (their replots have had time to finish),
     engine tests last; each group in its own order (a stable sort). An engine test in a module
     make test's engine lane would not collect (its scan reads the module's text) is refused."""
-    mark = _lanes().ENGINE_MARK
-    unseen = sorted({item.nodeid.split("::")[0] for item in items
-                     if item.get_closest_marker("engine")
-                     and not mark.search(item.path.read_text(errors="replace"))})
+    mark = RUNNER.ENGINE_MARK
+    modules = {item.path: item.nodeid.split("::")[0] for item in items
+               if item.get_closest_marker("engine")}
+    unseen = sorted(name for path, name in modules.items()
+                    if not mark.search(path.read_text(errors="replace")))
     if unseen:
         raise pytest.UsageError(
             f"engine tests in {unseen} are marked in a way make test's engine lane does not "
@@ -287,7 +291,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=group)
 
 
-QUICK_DONE_ENV = "TUNEBOOK_QUICK_LANE_DONE"  # set by scripts/test_lanes.py for the engine lane
+QUICK_DONE_ENV = RUNNER.QUICK_DONE_ENV  # set by the runner for the engine lane
 QUIET_WAIT_S = 900.0  # make test's hard limit: a quick lane still running then has hung
 
 
